@@ -1,0 +1,494 @@
+//! One campaign in one election: create a key, queue behind the predecessor, lead, lose, resign.
+//!
+//! The recipe is the one every backend shares. Each candidate owns one entry (etcd key,
+//! ZooKeeper sequential znode) whose *revision* orders the queue; the leader is the entry with
+//! the lowest revision, and its revision is the fencing token. A waiter watches only the entry
+//! immediately ahead of it, so a handoff wakes exactly one waiter (no herd). The lease that keeps
+//! entries alive lives in [`crate::LeaseCore`]; this core only hears that it expired.
+//!
+//! A candidate never reports leadership it does not hold: any disappearance of its own entry is
+//! a loss, and every path out of a campaign deletes what it created.
+
+use std::collections::VecDeque;
+
+/// Why a leadership or candidacy ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossReason {
+    /// The lease reached its local deadline or vanished at the server.
+    LeaseExpired,
+    /// Our own key was deleted by someone else.
+    KeyDeleted,
+    /// The backend failed in a way we could not recover from.
+    BackendFailed,
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LossReason::LeaseExpired => "lease expired",
+            LossReason::KeyDeleted => "leader key deleted",
+            LossReason::BackendFailed => "backend failed",
+        })
+    }
+}
+
+/// What the driver must do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Create this candidate's entry under the election, bound to the current lease.
+    CreateKey,
+    /// Look up the entry immediately ahead of ours (the highest revision below `own_revision`)
+    /// and answer with [`Candidate::handle_predecessor`].
+    FindPredecessor {
+        /// Our entry's revision.
+        own_revision: u64,
+    },
+    /// Wait until the entry with this revision is deleted, then call
+    /// [`Candidate::handle_predecessor_deleted`]. Also report our own entry's deletion.
+    WatchPredecessor {
+        /// The predecessor's revision.
+        revision: u64,
+    },
+    /// We lead. Start acting, with `token` on every action.
+    Elected {
+        /// The fencing token: our entry's revision.
+        token: u64,
+    },
+    /// Leadership or candidacy ended. Stop acting at once.
+    Lost {
+        /// Why.
+        reason: LossReason,
+        /// Whether we were leading (rather than still waiting).
+        was_leading: bool,
+    },
+    /// Delete our entry with this revision (resign, or clean up after a loss).
+    DeleteKey {
+        /// The revision of the entry to delete.
+        revision: u64,
+    },
+}
+
+/// Where the candidate is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CandidateState {
+    /// Not campaigning.
+    Idle,
+    /// Entry being created.
+    Creating,
+    /// Entry created; looking for the predecessor.
+    Positioning {
+        /// Our revision.
+        own_revision: u64,
+    },
+    /// Waiting for the predecessor to go.
+    Queued {
+        /// Our revision.
+        own_revision: u64,
+        /// The entry ahead of us.
+        predecessor: u64,
+    },
+    /// Leading.
+    Leading {
+        /// Our revision, the fencing token.
+        token: u64,
+    },
+    /// Lost and not requeueing. Terminal.
+    Lost(LossReason),
+    /// Resigned. Terminal.
+    Resigned,
+}
+
+/// The sans-IO candidate.
+///
+/// Call order: [`Candidate::campaign`]; then answer each [`Action`] with the matching
+/// `handle_*` input; report lease expiry with [`Candidate::handle_lease_expired`]; end with
+/// [`Candidate::resign`]. Drain [`Candidate::poll_action`] after every call. Time does not enter
+/// this core: deadlines belong to [`crate::LeaseCore`].
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    requeue: bool,
+    state: CandidateState,
+    last_token: Option<u64>,
+    actions: VecDeque<Action>,
+}
+
+impl Candidate {
+    /// A candidate; with `requeue` it campaigns again after every loss.
+    pub fn new(requeue: bool) -> Candidate {
+        Candidate {
+            requeue,
+            state: CandidateState::Idle,
+            last_token: None,
+            actions: VecDeque::new(),
+        }
+    }
+
+    // Getters.
+
+    /// The current state.
+    pub fn state(&self) -> CandidateState {
+        self.state
+    }
+
+    /// The token while leading.
+    pub fn token(&self) -> Option<u64> {
+        match self.state {
+            CandidateState::Leading { token } => Some(token),
+            _ => None,
+        }
+    }
+
+    /// Whether the candidacy is over for good.
+    pub fn is_finished(&self) -> bool {
+        matches!(
+            self.state,
+            CandidateState::Lost(_) | CandidateState::Resigned
+        )
+    }
+
+    // Commands.
+
+    /// Starts campaigning.
+    pub fn campaign(&mut self) {
+        if self.state == CandidateState::Idle {
+            self.become_creating();
+        }
+    }
+
+    /// Gives up: deletes our entry (if any) and ends the candidacy. No `Lost` is emitted: the
+    /// caller asked for this.
+    pub fn resign(&mut self) {
+        if let Some(revision) = self.own_revision() {
+            self.actions.push_back(Action::DeleteKey { revision });
+        }
+        if !self.is_finished() {
+            self.state = CandidateState::Resigned;
+        }
+    }
+
+    // Inputs.
+
+    /// Our entry exists with `revision`.
+    pub fn handle_key_created(&mut self, revision: u64) {
+        if self.state != CandidateState::Creating {
+            // Resigned meanwhile: remove what was just created.
+            if self.is_finished() {
+                self.actions.push_back(Action::DeleteKey { revision });
+            }
+            return;
+        }
+        self.become_positioning(revision);
+    }
+
+    /// The entry ahead of ours, or `None` when ours is the lowest.
+    pub fn handle_predecessor(&mut self, predecessor: Option<u64>) {
+        let CandidateState::Positioning { own_revision } = self.state else {
+            return;
+        };
+        match predecessor {
+            None => self.become_leading(own_revision),
+            Some(predecessor) => {
+                assert!(predecessor < own_revision, "a predecessor is older than us");
+                self.state = CandidateState::Queued {
+                    own_revision,
+                    predecessor,
+                };
+                self.actions.push_back(Action::WatchPredecessor {
+                    revision: predecessor,
+                });
+            }
+        }
+    }
+
+    /// The predecessor with `revision` was deleted: look again (another may now be ahead).
+    pub fn handle_predecessor_deleted(&mut self, revision: u64) {
+        if let CandidateState::Queued {
+            own_revision,
+            predecessor,
+        } = self.state
+        {
+            if predecessor == revision {
+                self.become_positioning(own_revision);
+            }
+        }
+    }
+
+    /// Our own entry was deleted by someone else (or its lease vanished at the server).
+    pub fn handle_key_deleted(&mut self) {
+        if self.own_revision().is_some() || self.state == CandidateState::Creating {
+            self.become_lost(LossReason::KeyDeleted, false);
+        }
+    }
+
+    /// The lease expired locally or at the server.
+    pub fn handle_lease_expired(&mut self) {
+        if self.own_revision().is_some() || self.state == CandidateState::Creating {
+            self.become_lost(LossReason::LeaseExpired, true);
+        }
+    }
+
+    /// The backend failed beyond retry.
+    pub fn handle_backend_failed(&mut self) {
+        if !self.is_finished() && self.state != CandidateState::Idle {
+            self.become_lost(LossReason::BackendFailed, true);
+        }
+    }
+
+    // Outputs.
+
+    /// The next thing the driver must do.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    // Transitions.
+
+    fn own_revision(&self) -> Option<u64> {
+        match self.state {
+            CandidateState::Positioning { own_revision }
+            | CandidateState::Queued { own_revision, .. } => Some(own_revision),
+            CandidateState::Leading { token } => Some(token),
+            _ => None,
+        }
+    }
+
+    fn become_creating(&mut self) {
+        self.state = CandidateState::Creating;
+        self.actions.push_back(Action::CreateKey);
+    }
+
+    fn become_positioning(&mut self, own_revision: u64) {
+        self.state = CandidateState::Positioning { own_revision };
+        self.actions
+            .push_back(Action::FindPredecessor { own_revision });
+    }
+
+    fn become_leading(&mut self, token: u64) {
+        if let Some(last) = self.last_token {
+            assert!(token > last, "tokens strictly increase within an election");
+        }
+        self.last_token = Some(token);
+        self.state = CandidateState::Leading { token };
+        self.actions.push_back(Action::Elected { token });
+    }
+
+    /// `delete_own`: whether our entry may still exist and should be removed.
+    fn become_lost(&mut self, reason: LossReason, delete_own: bool) {
+        let was_leading = matches!(self.state, CandidateState::Leading { .. });
+        let own = self.own_revision();
+        self.actions.push_back(Action::Lost {
+            reason,
+            was_leading,
+        });
+        if let (true, Some(revision)) = (delete_own, own) {
+            self.actions.push_back(Action::DeleteKey { revision });
+        }
+        if self.requeue {
+            self.become_creating();
+        } else {
+            self.state = CandidateState::Lost(reason);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(core: &mut Candidate) -> Vec<Action> {
+        std::iter::from_fn(|| core.poll_action()).collect()
+    }
+
+    fn leading(token: u64) -> Candidate {
+        let mut core = Candidate::new(false);
+        core.campaign();
+        assert_eq!(drain(&mut core), vec![Action::CreateKey]);
+        core.handle_key_created(token);
+        assert_eq!(
+            drain(&mut core),
+            vec![Action::FindPredecessor {
+                own_revision: token
+            }]
+        );
+        core.handle_predecessor(None);
+        assert_eq!(drain(&mut core), vec![Action::Elected { token }]);
+        core
+    }
+
+    #[test]
+    fn lowest_entry_leads_at_once() {
+        let core = leading(7);
+        assert_eq!(core.state(), CandidateState::Leading { token: 7 });
+        assert_eq!(core.token(), Some(7));
+    }
+
+    #[test]
+    fn waiter_watches_only_its_predecessor_and_rechecks_on_deletion() {
+        let mut core = Candidate::new(false);
+        core.campaign();
+        core.handle_key_created(20);
+        drain(&mut core);
+        core.handle_predecessor(Some(15));
+        assert_eq!(
+            drain(&mut core),
+            vec![Action::WatchPredecessor { revision: 15 }]
+        );
+        // A deletion of some other key is not ours to act on.
+        core.handle_predecessor_deleted(11);
+        assert_eq!(drain(&mut core), vec![]);
+        core.handle_predecessor_deleted(15);
+        assert_eq!(
+            drain(&mut core),
+            vec![Action::FindPredecessor { own_revision: 20 }]
+        );
+        // A waiter further ahead remains (15 was a waiter that quit): watch it instead.
+        core.handle_predecessor(Some(12));
+        assert_eq!(
+            drain(&mut core),
+            vec![Action::WatchPredecessor { revision: 12 }]
+        );
+        core.handle_predecessor_deleted(12);
+        drain(&mut core);
+        core.handle_predecessor(None);
+        assert_eq!(drain(&mut core), vec![Action::Elected { token: 20 }]);
+    }
+
+    #[test]
+    fn lease_expiry_while_leading_is_a_loss_with_cleanup() {
+        let mut core = leading(7);
+        core.handle_lease_expired();
+        assert_eq!(
+            drain(&mut core),
+            vec![
+                Action::Lost {
+                    reason: LossReason::LeaseExpired,
+                    was_leading: true
+                },
+                Action::DeleteKey { revision: 7 }
+            ]
+        );
+        assert_eq!(core.state(), CandidateState::Lost(LossReason::LeaseExpired));
+        assert!(core.is_finished());
+        // Nothing resurrects it.
+        core.handle_predecessor(None);
+        core.handle_key_created(9);
+        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 9 }]);
+        assert_eq!(core.token(), None);
+    }
+
+    #[test]
+    fn own_key_deleted_is_a_loud_loss_even_while_queued() {
+        let mut core = Candidate::new(false);
+        core.campaign();
+        core.handle_key_created(20);
+        core.handle_predecessor(Some(15));
+        drain(&mut core);
+        core.handle_key_deleted();
+        assert_eq!(
+            drain(&mut core),
+            vec![Action::Lost {
+                reason: LossReason::KeyDeleted,
+                was_leading: false
+            }]
+        );
+        let mut core = leading(3);
+        core.handle_key_deleted();
+        assert_eq!(
+            drain(&mut core),
+            vec![Action::Lost {
+                reason: LossReason::KeyDeleted,
+                was_leading: true
+            }]
+        );
+    }
+
+    #[test]
+    fn resign_deletes_the_key_without_reporting_loss() {
+        let mut core = leading(7);
+        core.resign();
+        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 7 }]);
+        assert_eq!(core.state(), CandidateState::Resigned);
+        core.handle_lease_expired();
+        assert_eq!(drain(&mut core), vec![]);
+    }
+
+    #[test]
+    fn resign_while_creating_deletes_the_key_when_it_appears() {
+        let mut core = Candidate::new(false);
+        core.campaign();
+        drain(&mut core);
+        core.resign();
+        assert_eq!(drain(&mut core), vec![]);
+        core.handle_key_created(30);
+        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 30 }]);
+    }
+
+    #[test]
+    fn requeue_campaigns_again_after_loss_and_tokens_increase() {
+        let mut core = Candidate::new(true);
+        core.campaign();
+        core.handle_key_created(7);
+        core.handle_predecessor(None);
+        drain(&mut core);
+        core.handle_lease_expired();
+        assert_eq!(
+            drain(&mut core),
+            vec![
+                Action::Lost {
+                    reason: LossReason::LeaseExpired,
+                    was_leading: true
+                },
+                Action::DeleteKey { revision: 7 },
+                Action::CreateKey
+            ]
+        );
+        assert_eq!(core.state(), CandidateState::Creating);
+        core.handle_key_created(12);
+        core.handle_predecessor(Some(9));
+        core.handle_predecessor_deleted(9);
+        core.handle_predecessor(None);
+        assert_eq!(
+            drain(&mut core),
+            vec![
+                Action::FindPredecessor { own_revision: 12 },
+                Action::WatchPredecessor { revision: 9 },
+                Action::FindPredecessor { own_revision: 12 },
+                Action::Elected { token: 12 }
+            ]
+        );
+        // Resign ends the requeue loop.
+        core.resign();
+        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 12 }]);
+        assert!(core.is_finished());
+    }
+
+    #[test]
+    fn backend_failure_while_creating_and_idle() {
+        let mut idle = Candidate::new(false);
+        idle.handle_backend_failed();
+        assert_eq!(drain(&mut idle), vec![]);
+        let mut core = Candidate::new(false);
+        core.campaign();
+        drain(&mut core);
+        core.handle_backend_failed();
+        assert_eq!(
+            drain(&mut core),
+            vec![Action::Lost {
+                reason: LossReason::BackendFailed,
+                was_leading: false
+            }]
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "tokens strictly increase")]
+    fn a_token_that_does_not_increase_is_a_bug() {
+        let mut core = Candidate::new(true);
+        core.campaign();
+        core.handle_key_created(7);
+        core.handle_predecessor(None);
+        core.handle_key_deleted();
+        core.handle_key_created(5);
+        core.handle_predecessor(None);
+    }
+}

@@ -1,0 +1,456 @@
+//! One lease and safety rule 1: stop before anyone else can start.
+//!
+//! The server expires a lease `ttl` after it *receives* the last renewal. We cannot know when that
+//! was, but we know when we *sent* it, which is earlier. So the holder's local deadline is
+//!
+//! ```text
+//! deadline = send time of the last acknowledged grant/renewal
+//!          + granted ttl × (1 − max_drift)   // the server's clock may run faster than ours
+//!          − safety margin                   // time to actually stop the protected work
+//! ```
+//!
+//! measured on the holder's own monotonic clock. At that instant [`LeaseCore`] emits
+//! [`Action::Expired`] even if the server has said nothing; a rival can only win after the
+//! server-side expiry, which is later. A late acknowledgement can only move the deadline to its
+//! own send time plus the shrunk TTL, so it never stretches a lease past what the server granted.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::{ElectionConfig, Instant};
+
+/// Renewals allowed in flight at once. Acknowledgements are matched to the *oldest* outstanding
+/// send time, which can only make the deadline earlier; the cap bounds that queue.
+const MAX_RENEWALS_IN_FLIGHT: usize = 4;
+
+/// Shortest and longest pause before retrying a failed renewal.
+const MIN_RETRY: Duration = Duration::from_millis(10);
+const MAX_RETRY: Duration = Duration::from_millis(500);
+
+/// What the driver must do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Ask the server for a new lease with this TTL.
+    Grant {
+        /// The TTL to request.
+        ttl: Duration,
+    },
+    /// Send one renewal now. The core has taken the `now` it was given as the send time.
+    Renew,
+    /// The lease is over (local deadline passed, or the server said it is gone): everything
+    /// held under it must stop now.
+    Expired,
+    /// Revoke the lease at the server, releasing everything held under it at once.
+    Revoke,
+}
+
+/// Where the lease is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Not started.
+    Idle,
+    /// Grant sent, no answer yet.
+    Granting,
+    /// Granted and not yet past the local deadline.
+    Active,
+    /// Past the local deadline or gone at the server. Terminal.
+    Expired,
+    /// Revoked by us. Terminal.
+    Revoked,
+}
+
+/// The sans-IO lease: grant, renew on schedule, and declare expiry at the local deadline.
+///
+/// Call order: [`LeaseCore::start`] once; then repeatedly feed results with `handle_*`, call
+/// [`LeaseCore::handle_timeout`] when [`LeaseCore::poll_timeout`] passes, and drain
+/// [`LeaseCore::poll_action`] after every call. [`LeaseCore::revoke`] ends it on purpose.
+#[derive(Debug, Clone)]
+pub struct LeaseCore {
+    config: ElectionConfig,
+    state: LeaseState,
+    grant_sent_at: Option<Instant>,
+    granted_ttl: Option<Duration>,
+    deadline: Option<Instant>,
+    next_renew_at: Option<Instant>,
+    renewals_in_flight: VecDeque<Instant>,
+    actions: VecDeque<Action>,
+}
+
+impl LeaseCore {
+    /// A lease that will be requested with `config.ttl`. The config should be validated.
+    pub fn new(config: ElectionConfig) -> LeaseCore {
+        LeaseCore {
+            config,
+            state: LeaseState::Idle,
+            grant_sent_at: None,
+            granted_ttl: None,
+            deadline: None,
+            next_renew_at: None,
+            renewals_in_flight: VecDeque::new(),
+            actions: VecDeque::new(),
+        }
+    }
+
+    // Getters.
+
+    /// The current state.
+    pub fn state(&self) -> LeaseState {
+        self.state
+    }
+
+    /// The local deadline, once granted. It never moves backwards while active.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// The TTL the server granted.
+    pub fn granted_ttl(&self) -> Option<Duration> {
+        self.granted_ttl
+    }
+
+    /// Whether something may still act under this lease at `now`.
+    pub fn is_live(&self, now: Instant) -> bool {
+        self.state == LeaseState::Active && self.deadline.is_some_and(|deadline| now < deadline)
+    }
+
+    // Commands.
+
+    /// Requests the lease. Only valid once, from [`LeaseState::Idle`].
+    pub fn start(&mut self, now: Instant) {
+        assert_eq!(self.state, LeaseState::Idle, "a lease core starts once");
+        self.state = LeaseState::Granting;
+        self.grant_sent_at = Some(now);
+        self.actions.push_back(Action::Grant {
+            ttl: self.config.ttl,
+        });
+    }
+
+    /// Ends the lease on purpose: emits [`Action::Revoke`] unless it is already over.
+    pub fn revoke(&mut self, _now: Instant) {
+        if matches!(self.state, LeaseState::Granting | LeaseState::Active) {
+            self.state = LeaseState::Revoked;
+            self.renewals_in_flight.clear();
+            self.actions.push_back(Action::Revoke);
+        }
+    }
+
+    // Inputs.
+
+    /// The server granted the lease with `granted_ttl`.
+    pub fn handle_granted(&mut self, now: Instant, granted_ttl: Duration) {
+        if self.state != LeaseState::Granting {
+            return;
+        }
+        let sent_at = self.grant_sent_at.expect("granting has a send time");
+        if granted_ttl.is_zero() {
+            self.become_expired();
+            return;
+        }
+        self.state = LeaseState::Active;
+        self.granted_ttl = Some(granted_ttl);
+        self.deadline = Some(sent_at + self.config.local_lease(granted_ttl));
+        self.next_renew_at = Some(now + self.config.renew_interval());
+        self.expire_if_due(now);
+    }
+
+    /// The grant failed; nothing was ever held.
+    pub fn handle_grant_failed(&mut self, _now: Instant) {
+        if self.state == LeaseState::Granting {
+            self.become_expired();
+        }
+    }
+
+    /// The server acknowledged the oldest outstanding renewal; the lease now has `granted_ttl`
+    /// (zero means the server no longer knows the lease).
+    pub fn handle_renewed(&mut self, now: Instant, granted_ttl: Duration) {
+        if self.state != LeaseState::Active {
+            // A late acknowledgement never resurrects an expired or revoked lease.
+            return;
+        }
+        // Check the deadline first: if it passed while this answer was in flight (or while we
+        // were paused), the holder has already been told to stop, and no answer revives it.
+        if self.expire_if_due(now) {
+            return;
+        }
+        let Some(sent_at) = self.renewals_in_flight.pop_front() else {
+            // An acknowledgement we did not ask for proves nothing about when the server
+            // renewed; ignore it.
+            return;
+        };
+        if granted_ttl.is_zero() {
+            self.become_expired();
+            return;
+        }
+        self.granted_ttl = Some(granted_ttl);
+        let candidate = sent_at + self.config.local_lease(granted_ttl);
+        let deadline = self.deadline.expect("active lease has a deadline");
+        self.deadline = Some(deadline.max(candidate));
+        self.expire_if_due(now);
+    }
+
+    /// A renewal failed in transit (stream broken, timeout). Outstanding renewals are forgotten
+    /// and a new one is scheduled soon; the deadline is unchanged.
+    pub fn handle_renew_failed(&mut self, now: Instant) {
+        if self.state != LeaseState::Active {
+            return;
+        }
+        self.renewals_in_flight.clear();
+        let retry = (self.config.renew_interval() / 4).clamp(MIN_RETRY, MAX_RETRY);
+        self.next_renew_at = Some(now + retry);
+        self.expire_if_due(now);
+    }
+
+    /// The server said the lease does not exist (expired or revoked elsewhere).
+    pub fn handle_lease_gone(&mut self, _now: Instant) {
+        if matches!(self.state, LeaseState::Granting | LeaseState::Active) {
+            self.become_expired();
+        }
+    }
+
+    /// Time passed: expire at the deadline, renew when due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.state != LeaseState::Active {
+            return;
+        }
+        if self.expire_if_due(now) {
+            return;
+        }
+        let due = self.next_renew_at.is_some_and(|at| now >= at);
+        if due && self.renewals_in_flight.len() < MAX_RENEWALS_IN_FLIGHT {
+            self.renewals_in_flight.push_back(now);
+            self.next_renew_at = Some(now + self.config.renew_interval());
+            self.actions.push_back(Action::Renew);
+        }
+    }
+
+    // Outputs.
+
+    /// The next thing the driver must do.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// When to call [`LeaseCore::handle_timeout`] next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.state != LeaseState::Active {
+            return None;
+        }
+        let deadline = self.deadline?;
+        let renew = if self.renewals_in_flight.len() < MAX_RENEWALS_IN_FLIGHT {
+            self.next_renew_at
+        } else {
+            None
+        };
+        Some(renew.map_or(deadline, |renew| renew.min(deadline)))
+    }
+
+    fn expire_if_due(&mut self, now: Instant) -> bool {
+        let due = self.deadline.is_some_and(|deadline| now >= deadline);
+        if due {
+            self.become_expired();
+        }
+        due
+    }
+
+    fn become_expired(&mut self) {
+        self.state = LeaseState::Expired;
+        self.renewals_in_flight.clear();
+        self.next_renew_at = None;
+        self.actions.push_back(Action::Expired);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn at(n: u64) -> Instant {
+        Instant::from_millis(n)
+    }
+
+    /// TTL 2 s, renew every 600 ms, 1% drift, 100 ms margin: local lease 1880 ms.
+    fn config() -> ElectionConfig {
+        ElectionConfig::default()
+            .with_ttl(ms(2000))
+            .with_renew_interval(ms(600))
+            .with_max_drift_ppm(10_000)
+            .with_safety_margin(ms(100))
+    }
+
+    fn drain(core: &mut LeaseCore) -> Vec<Action> {
+        std::iter::from_fn(|| core.poll_action()).collect()
+    }
+
+    fn granted(grant_sent: u64, granted_at: u64) -> LeaseCore {
+        let mut core = LeaseCore::new(config());
+        core.start(at(grant_sent));
+        assert_eq!(drain(&mut core), vec![Action::Grant { ttl: ms(2000) }]);
+        core.handle_granted(at(granted_at), ms(2000));
+        assert_eq!(drain(&mut core), vec![]);
+        core
+    }
+
+    #[test]
+    fn deadline_counts_from_the_grant_send_time() {
+        let core = granted(100, 400);
+        assert_eq!(core.state(), LeaseState::Active);
+        // Sent at 100, not answered at 400: 100 + 1880.
+        assert_eq!(core.deadline(), Some(at(1980)));
+        // Renew 600 ms after the answer, which is before the deadline.
+        assert_eq!(core.poll_timeout(), Some(at(1000)));
+        assert!(core.is_live(at(1979)));
+        assert!(!core.is_live(at(1980)));
+    }
+
+    #[test]
+    fn renewal_extends_from_its_send_time() {
+        let mut core = granted(0, 10);
+        core.handle_timeout(at(609));
+        assert_eq!(drain(&mut core), vec![]);
+        core.handle_timeout(at(610));
+        assert_eq!(drain(&mut core), vec![Action::Renew]);
+        assert_eq!(core.poll_timeout(), Some(at(1210)));
+        core.handle_renewed(at(700), ms(2000));
+        assert_eq!(drain(&mut core), vec![]);
+        assert_eq!(core.deadline(), Some(at(610 + 1880)));
+    }
+
+    #[test]
+    fn expires_at_the_deadline_when_the_server_is_silent() {
+        let mut core = granted(0, 10);
+        // Renewals go out but are never answered.
+        for now in [610, 1210, 1810] {
+            core.handle_timeout(at(now));
+            assert_eq!(drain(&mut core), vec![Action::Renew], "at {now}");
+        }
+        assert_eq!(core.poll_timeout(), Some(at(1880)));
+        core.handle_timeout(at(1879));
+        assert_eq!(drain(&mut core), vec![]);
+        core.handle_timeout(at(1880));
+        assert_eq!(drain(&mut core), vec![Action::Expired]);
+        assert_eq!(core.state(), LeaseState::Expired);
+        assert_eq!(core.poll_timeout(), None);
+        // Nothing more happens, whatever arrives.
+        core.handle_timeout(at(5000));
+        core.handle_renewed(at(5000), ms(2000));
+        assert_eq!(drain(&mut core), vec![]);
+        assert_eq!(core.state(), LeaseState::Expired);
+    }
+
+    #[test]
+    fn late_ack_only_counts_from_its_send_time() {
+        let mut core = granted(0, 10);
+        core.handle_timeout(at(610));
+        assert_eq!(drain(&mut core), vec![Action::Renew]);
+        // The answer to the renewal sent at 610 arrives at 2400 (say, after a pause that hid
+        // the deadline timer): the deadline (1880) has already passed, so the core expires
+        // rather than extending to 610 + 1880 = 2490.
+        core.handle_renewed(at(2400), ms(2000));
+        assert_eq!(drain(&mut core), vec![Action::Expired]);
+        assert_eq!(core.deadline(), Some(at(1880)));
+        assert_eq!(core.state(), LeaseState::Expired);
+    }
+
+    #[test]
+    fn late_ack_before_the_deadline_extends_no_further_than_send_plus_lease() {
+        let mut core = granted(0, 10);
+        core.handle_timeout(at(610));
+        core.handle_timeout(at(1210));
+        assert_eq!(drain(&mut core), vec![Action::Renew, Action::Renew]);
+        // One answer arrives at 1800; it is matched to the oldest send (610), not 1210.
+        core.handle_renewed(at(1800), ms(2000));
+        assert_eq!(drain(&mut core), vec![]);
+        assert_eq!(core.deadline(), Some(at(610 + 1880)));
+        core.handle_renewed(at(1900), ms(2000));
+        assert_eq!(core.deadline(), Some(at(1210 + 1880)));
+    }
+
+    #[test]
+    fn deadline_never_moves_backwards() {
+        let mut core = granted(0, 10);
+        core.handle_timeout(at(610));
+        drain(&mut core);
+        core.handle_renewed(at(620), ms(2000));
+        assert_eq!(core.deadline(), Some(at(2490)));
+        core.handle_timeout(at(1210));
+        drain(&mut core);
+        // The server shortened the TTL: 1210 + 1000·0.99 − 100 = 2100 < 2490.
+        core.handle_renewed(at(1220), ms(1000));
+        assert_eq!(core.deadline(), Some(at(2490)));
+    }
+
+    #[test]
+    fn zero_ttl_answer_means_the_lease_is_gone() {
+        let mut core = granted(0, 10);
+        core.handle_timeout(at(610));
+        drain(&mut core);
+        core.handle_renewed(at(620), Duration::ZERO);
+        assert_eq!(drain(&mut core), vec![Action::Expired]);
+    }
+
+    #[test]
+    fn failed_renewal_retries_soon_without_moving_the_deadline() {
+        let mut core = granted(0, 10);
+        core.handle_timeout(at(610));
+        drain(&mut core);
+        core.handle_renew_failed(at(700));
+        // Retry after renew/4 = 150 ms.
+        assert_eq!(core.poll_timeout(), Some(at(850)));
+        core.handle_timeout(at(850));
+        assert_eq!(drain(&mut core), vec![Action::Renew]);
+        assert_eq!(core.deadline(), Some(at(1880)));
+        core.handle_renewed(at(900), ms(2000));
+        assert_eq!(core.deadline(), Some(at(850 + 1880)));
+    }
+
+    #[test]
+    fn in_flight_renewals_are_bounded() {
+        let mut core = granted(0, 10);
+        let config = config().with_renew_interval(ms(100));
+        core.config = config;
+        let mut sent = 0;
+        for now in (610..1800).step_by(100) {
+            core.handle_timeout(at(now));
+            sent += drain(&mut core).len();
+        }
+        assert_eq!(sent, MAX_RENEWALS_IN_FLIGHT);
+        assert_eq!(core.poll_timeout(), Some(at(1880)));
+    }
+
+    #[test]
+    fn grant_answer_after_the_local_lease_expires_at_once() {
+        let mut core = LeaseCore::new(config());
+        core.start(at(0));
+        drain(&mut core);
+        core.handle_granted(at(1900), ms(2000));
+        assert_eq!(drain(&mut core), vec![Action::Expired]);
+    }
+
+    #[test]
+    fn grant_failure_and_revoke() {
+        let mut core = LeaseCore::new(config());
+        core.start(at(0));
+        drain(&mut core);
+        core.handle_grant_failed(at(5));
+        assert_eq!(drain(&mut core), vec![Action::Expired]);
+
+        let mut core = granted(0, 10);
+        core.revoke(at(20));
+        assert_eq!(drain(&mut core), vec![Action::Revoke]);
+        assert_eq!(core.state(), LeaseState::Revoked);
+        core.revoke(at(30));
+        core.handle_timeout(at(5000));
+        assert_eq!(drain(&mut core), vec![]);
+    }
+
+    #[test]
+    fn lease_gone_expires() {
+        let mut core = granted(0, 10);
+        core.handle_lease_gone(at(50));
+        assert_eq!(drain(&mut core), vec![Action::Expired]);
+    }
+}
