@@ -1,0 +1,1 @@
+//! baton lab (under construction).
