@@ -1,0 +1,87 @@
+//! The library's error type.
+
+use baton_core::{ConfigError, LossReason};
+
+/// Everything that can go wrong in the library.
+///
+/// [`Error::is_retryable`] separates transient failures (the backend is briefly unreachable)
+/// from ones that retrying cannot fix.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The backend URL is malformed or names an unknown scheme.
+    #[error("invalid backend url {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The election configuration was rejected.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// An election name or candidate id is not usable.
+    #[error("invalid {what} {value:?}: {reason}")]
+    InvalidName {
+        /// "election name" or "candidate id".
+        what: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// The backend could not be reached.
+    #[error("cannot reach {backend} at {endpoints}: {detail}")]
+    Unreachable {
+        /// Backend kind, such as "etcd".
+        backend: &'static str,
+        /// The endpoints tried.
+        endpoints: String,
+        /// The underlying error.
+        detail: String,
+    },
+    /// A request did not complete in time.
+    #[error("{operation} timed out after {after_ms} ms")]
+    Timeout {
+        /// What was being done.
+        operation: &'static str,
+        /// How long we waited.
+        after_ms: u64,
+    },
+    /// The backend answered with an error.
+    #[error("{backend} error during {operation}: {detail}")]
+    Backend {
+        /// Backend kind.
+        backend: &'static str,
+        /// What was being done.
+        operation: &'static str,
+        /// The backend's message.
+        detail: String,
+    },
+    /// The campaign ended before leadership was gained.
+    #[error("campaign ended before leadership was gained: {0}")]
+    CampaignLost(LossReason),
+    /// A guarded write was refused because the token no longer leads the election.
+    #[error("write refused: fencing token {token} no longer leads election {election:?}")]
+    Fenced {
+        /// The election.
+        election: String,
+        /// The stale token.
+        token: u64,
+    },
+    /// The background task serving this object has stopped.
+    #[error("the election driver has stopped")]
+    Closed,
+}
+
+impl Error {
+    /// Whether the same call may succeed later without any change.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Unreachable { .. } | Error::Timeout { .. } | Error::Backend { .. }
+        )
+    }
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

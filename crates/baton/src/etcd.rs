@@ -1,0 +1,972 @@
+//! The etcd v3 backend (also serves `baton server`, which speaks the same API subset).
+//!
+//! Layout: every candidate owns `<prefix>/<election>/<lease id>-<n>`, created in a
+//! transaction only if absent and bound to the process's lease. The leader is the key with the
+//! lowest create revision, and that revision is the fencing token. A waiter watches only the
+//! deletion of the key with the next-lower create revision, so a handoff wakes one waiter.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_core::{Candidate, CandidateAction, ElectionConfig, LossReason};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
+    LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
+    WatchOptions, WatchStream,
+};
+use tokio::sync::{mpsc, watch, Mutex};
+
+use crate::clock::Clock;
+use crate::election::{Command, GuardContext, LeaderInfo, Leadership, Status};
+use crate::error::{Error, Result};
+use crate::session::{start_lease, LeaseHandle, LeaseTransport, LeaseView};
+use crate::stats::Stats;
+
+/// etcd leases are whole seconds; the server raises anything shorter than its own minimum
+/// (1.5 × election timeout, 2 s with default settings) and we use whatever it grants.
+pub(crate) const MIN_TTL: Duration = Duration::from_secs(1);
+
+/// Bound on every unary request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Bound on connecting and on the reachability probe.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Pause between attempts when a requeueing candidate hits a backend error.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
+    if ttl.subsec_nanos() != 0 {
+        return Err(Error::Config(baton_core::ConfigError::TtlBelowMinimum {
+            ttl: baton_core::format_duration(ttl),
+            minimum: "a whole number of seconds (etcd leases have whole-second TTLs)".into(),
+        }));
+    }
+    Ok(())
+}
+
+fn backend_error(operation: &'static str, error: etcd_client::Error) -> Error {
+    Error::Backend {
+        backend: "etcd",
+        operation,
+        detail: error.to_string(),
+    }
+}
+
+/// Runs one request under [`REQUEST_TIMEOUT`], counting it.
+async fn request<T>(
+    stats: &Stats,
+    operation: &'static str,
+    call: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+) -> Result<T> {
+    stats.request();
+    match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(backend_error(operation, error)),
+        Err(_) => Err(Error::Timeout {
+            operation,
+            after_ms: REQUEST_TIMEOUT.as_millis() as u64,
+        }),
+    }
+}
+
+/// Lease settings that must match for two elections to share a lease.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct LeaseKey {
+    ttl: Duration,
+    renew: Duration,
+    drift_ppm: u32,
+    margin: Duration,
+}
+
+impl LeaseKey {
+    fn of(config: &ElectionConfig) -> LeaseKey {
+        LeaseKey {
+            ttl: config.ttl,
+            renew: config.renew_interval(),
+            drift_ppm: config.max_drift_ppm,
+            margin: config.safety_margin,
+        }
+    }
+}
+
+/// One granted lease, shared by every candidate with the same settings.
+#[derive(Debug)]
+struct EtcdLease {
+    id: i64,
+    handle: LeaseHandle,
+}
+
+pub(crate) struct EtcdBackend {
+    client: Client,
+    prefix: String,
+    clock: Clock,
+    leases: Mutex<HashMap<LeaseKey, Arc<EtcdLease>>>,
+    next_candidate: AtomicU64,
+    pub(crate) stats: Arc<Stats>,
+}
+
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdBackend {
+    pub(crate) async fn connect(endpoints: Vec<String>, prefix: String) -> Result<EtcdBackend> {
+        let joined = endpoints.join(",");
+        let unreachable = |detail: String| Error::Unreachable {
+            backend: "etcd",
+            endpoints: joined.clone(),
+            detail,
+        };
+        let options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            // HTTP/2 pings notice a dead connection (partition, crashed member) in about a
+            // second, so watches and renewals move to another endpoint quickly.
+            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
+            .with_keep_alive_while_idle(true);
+        let connect = Client::connect(&endpoints, Some(options));
+        let mut client = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => return Err(unreachable(error.to_string())),
+            Err(_) => return Err(unreachable("connection timed out".into())),
+        };
+        // Connecting is lazy; ask for something so an unreachable server fails here, clearly.
+        let probe = client.get(
+            format!("{prefix}/"),
+            Some(GetOptions::new().with_count_only().with_prefix()),
+        );
+        match tokio::time::timeout(CONNECT_TIMEOUT, probe).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => return Err(unreachable(root_cause(&error))),
+            Err(_) => return Err(unreachable("no answer within 3s".into())),
+        }
+        Ok(EtcdBackend {
+            client,
+            prefix,
+            clock: Clock::new(),
+            leases: Mutex::new(HashMap::new()),
+            next_candidate: AtomicU64::new(0),
+            stats: Arc::new(Stats::default()),
+        })
+    }
+
+    fn election_prefix(&self, election: &str) -> String {
+        format!("{}/{}/", self.prefix, election)
+    }
+
+    /// A live lease with these settings, granting a new one if the last has expired.
+    async fn lease(&self, config: &ElectionConfig) -> Result<Arc<EtcdLease>> {
+        let key = LeaseKey::of(config);
+        let mut leases = self.leases.lock().await;
+        if let Some(lease) = leases.get(&key) {
+            if lease.handle.is_live() {
+                return Ok(lease.clone());
+            }
+        }
+        let mut transport = EtcdLeaseTransport {
+            client: self.client.clone(),
+            id: 0,
+            stream: None,
+            stats: self.stats.clone(),
+            on_grant: None,
+        };
+        let (id_tx, id_rx) = tokio::sync::oneshot::channel();
+        transport.on_grant = Some(id_tx);
+        let handle = start_lease(transport, config.clone(), self.clock).await?;
+        let id = id_rx.await.map_err(|_| Error::Closed)?;
+        let lease = Arc::new(EtcdLease { id, handle });
+        leases.insert(key, lease.clone());
+        Ok(lease)
+    }
+
+    pub(crate) async fn close(&self) {
+        let leases: Vec<_> = self.leases.lock().await.drain().collect();
+        for (_, lease) in leases {
+            let id = lease.id;
+            match Arc::try_unwrap(lease) {
+                Ok(lease) => lease.handle.revoke().await,
+                Err(_) => {
+                    // Still used by candidates: revoke directly at the server; their drivers
+                    // hear of it through their watches and the lease's renewals.
+                    let mut client = self.client.clone();
+                    let _ = request(&self.stats, "lease revoke", client.lease_revoke(id)).await;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn spawn_candidate(
+        self: &Arc<Self>,
+        election: String,
+        id: String,
+        config: ElectionConfig,
+        commands_rx: mpsc::Receiver<Command>,
+        commands: mpsc::Sender<Command>,
+        leaderships: mpsc::Sender<Result<Leadership>>,
+    ) {
+        let serial = self.next_candidate.fetch_add(1, Ordering::Relaxed);
+        let driver = CandidateDriver {
+            backend: self.clone(),
+            client: self.client.clone(),
+            prefix: self.election_prefix(&election),
+            election,
+            id,
+            serial,
+            config: config.clone(),
+            core: Candidate::new(config.requeue),
+            lease: None,
+            own_key: Vec::new(),
+            predecessor: None,
+            watch: None,
+            status: None,
+            commands,
+            leaderships,
+            resign_acks: Vec::new(),
+        };
+        tokio::spawn(driver.run(commands_rx));
+    }
+
+    pub(crate) async fn leader(&self, election: &str) -> Result<Option<LeaderInfo>> {
+        let mut client = self.client.clone();
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let response = request(
+            &self.stats,
+            "get leader",
+            client.get(self.election_prefix(election), Some(options)),
+        )
+        .await?;
+        Ok(response.kvs().first().map(|kv| LeaderInfo {
+            id: String::from_utf8_lossy(kv.value()).into_owned(),
+            token: kv.create_revision() as u64,
+        }))
+    }
+
+    pub(crate) async fn spawn_observer(
+        self: &Arc<Self>,
+        election: String,
+        tx: mpsc::Sender<Result<Option<LeaderInfo>>>,
+    ) -> Result<()> {
+        let prefix = self.election_prefix(&election);
+        let (members, revision) = self.snapshot(&prefix).await?;
+        let backend = self.clone();
+        tokio::spawn(async move {
+            let mut members = members;
+            let mut revision = revision;
+            let mut last: Option<Option<LeaderInfo>> = None;
+            loop {
+                let current = leader_of(&members);
+                if last.as_ref() != Some(&current) {
+                    if tx.send(Ok(current.clone())).await.is_err() {
+                        return;
+                    }
+                    last = Some(current);
+                }
+                match backend
+                    .follow(&prefix, &mut members, &mut revision, &tx)
+                    .await
+                {
+                    Ok(()) => return,
+                    Err(_) => {
+                        // Connection trouble or compaction: resynchronise from a fresh snapshot
+                        // (level-triggered: the current state is what matters).
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        if tx.is_closed() {
+                            return;
+                        }
+                        if let Ok((fresh, at)) = backend.snapshot(&prefix).await {
+                            members = fresh;
+                            revision = at;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// All candidates of an election, by create revision, and the revision of the read.
+    async fn snapshot(&self, prefix: &str) -> Result<(BTreeMap<i64, String>, i64)> {
+        let mut client = self.client.clone();
+        let response = request(
+            &self.stats,
+            "get candidates",
+            client.get(prefix, Some(GetOptions::new().with_prefix())),
+        )
+        .await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        let members = response
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    kv.create_revision(),
+                    String::from_utf8_lossy(kv.value()).into_owned(),
+                )
+            })
+            .collect();
+        Ok((members, revision))
+    }
+
+    /// Applies watch events to `members`, sending each change of leader. Returns `Ok` when
+    /// the observer is dropped, `Err` when the watch breaks.
+    async fn follow(
+        &self,
+        prefix: &str,
+        members: &mut BTreeMap<i64, String>,
+        revision: &mut i64,
+        tx: &mpsc::Sender<Result<Option<LeaderInfo>>>,
+    ) -> Result<()> {
+        let mut client = self.client.clone();
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_prev_key()
+            .with_start_revision(*revision + 1);
+        let mut stream = request(&self.stats, "watch", client.watch(prefix, Some(options))).await?;
+        let mut last = leader_of(members);
+        loop {
+            let message = tokio::select! {
+                message = stream.message() => message,
+                _ = tx.closed() => return Ok(()),
+            };
+            let response = match message {
+                Ok(Some(response)) => response,
+                Ok(None) => return Err(Error::Closed),
+                Err(error) => return Err(backend_error("watch", error)),
+            };
+            if response.canceled() {
+                return Err(Error::Closed);
+            }
+            for event in response.events() {
+                self.stats.watch_events.fetch_add(1, Ordering::Relaxed);
+                let Some(kv) = event.kv() else { continue };
+                *revision = (*revision).max(kv.mod_revision());
+                match event.event_type() {
+                    EventType::Put => {
+                        members.insert(
+                            kv.create_revision(),
+                            String::from_utf8_lossy(kv.value()).into_owned(),
+                        );
+                    }
+                    EventType::Delete => {
+                        if let Some(prev) = event.prev_kv() {
+                            members.remove(&prev.create_revision());
+                        }
+                    }
+                }
+            }
+            let current = leader_of(members);
+            if current != last {
+                if tx.send(Ok(current.clone())).await.is_err() {
+                    return Ok(());
+                }
+                last = current;
+            }
+        }
+    }
+
+    pub(crate) async fn guarded_put_by_token(
+        &self,
+        election: &str,
+        token: u64,
+        key: &str,
+        value: &str,
+    ) -> Result<()> {
+        let fenced = || Error::Fenced {
+            election: election.to_string(),
+            token,
+        };
+        let revision = i64::try_from(token).map_err(|_| fenced())?;
+        let mut client = self.client.clone();
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_min_create_revision(revision)
+            .with_max_create_revision(revision);
+        let response = request(
+            &self.stats,
+            "find leader key",
+            client.get(self.election_prefix(election), Some(options)),
+        )
+        .await?;
+        let Some(kv) = response.kvs().first() else {
+            return Err(fenced());
+        };
+        guarded_put(
+            self.client.clone(),
+            election,
+            kv.key().to_vec(),
+            token,
+            key,
+            value,
+        )
+        .await
+    }
+}
+
+fn leader_of(members: &BTreeMap<i64, String>) -> Option<LeaderInfo> {
+    members.iter().next().map(|(revision, id)| LeaderInfo {
+        id: id.clone(),
+        token: *revision as u64,
+    })
+}
+
+/// The deepest message of an error chain: "connection refused" rather than "transport error".
+fn root_cause(error: &etcd_client::Error) -> String {
+    let mut source: &dyn std::error::Error = error;
+    while let Some(next) = source.source() {
+        source = next;
+    }
+    let text = source.to_string();
+    if text.is_empty() {
+        error.to_string()
+    } else {
+        text
+    }
+}
+
+/// Puts `key` = `value` only while `leader_key` still exists with create revision `token`.
+/// A key with that create revision exists only while its candidate leads: no key with a lower
+/// revision can appear later, so if it exists it is still the lowest.
+pub(crate) async fn guarded_put(
+    mut client: Client,
+    election: &str,
+    leader_key: Vec<u8>,
+    token: u64,
+    key: &str,
+    value: &str,
+) -> Result<()> {
+    let revision = i64::try_from(token).unwrap_or(i64::MAX);
+    let txn = Txn::new()
+        .when([Compare::create_revision(
+            leader_key,
+            CompareOp::Equal,
+            revision,
+        )])
+        .and_then([TxnOp::put(key, value, None)]);
+    let response = match tokio::time::timeout(REQUEST_TIMEOUT, client.txn(txn)).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => return Err(backend_error("guarded put", error)),
+        Err(_) => {
+            return Err(Error::Timeout {
+                operation: "guarded put",
+                after_ms: REQUEST_TIMEOUT.as_millis() as u64,
+            })
+        }
+    };
+    if response.succeeded() {
+        Ok(())
+    } else {
+        Err(Error::Fenced {
+            election: election.to_string(),
+            token,
+        })
+    }
+}
+
+/// Grant and renewals of one etcd lease, over the keepalive stream.
+struct EtcdLeaseTransport {
+    client: Client,
+    id: i64,
+    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    stats: Arc<Stats>,
+    on_grant: Option<tokio::sync::oneshot::Sender<i64>>,
+}
+
+impl LeaseTransport for EtcdLeaseTransport {
+    async fn grant(&mut self, ttl: Duration) -> Result<Duration> {
+        let seconds = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+        self.stats.request();
+        let response = self
+            .client
+            .lease_grant(seconds, None)
+            .await
+            .map_err(|error| backend_error("lease grant", error))?;
+        self.id = response.id();
+        if let Some(tx) = self.on_grant.take() {
+            let _ = tx.send(self.id);
+        }
+        Ok(Duration::from_secs(response.ttl().max(0) as u64))
+    }
+
+    async fn send_renewal(&mut self) -> Result<()> {
+        if self.stream.is_none() {
+            self.stats.request();
+            let opened = self
+                .client
+                .lease_keep_alive(self.id)
+                .await
+                .map_err(|error| backend_error("lease keepalive", error))?;
+            self.stream = Some(opened);
+        }
+        let (keeper, _) = self.stream.as_mut().expect("opened above");
+        self.stats.renewals.fetch_add(1, Ordering::Relaxed);
+        if let Err(error) = keeper.keep_alive().await {
+            self.stream = None;
+            return Err(backend_error("lease keepalive", error));
+        }
+        Ok(())
+    }
+
+    async fn next_renewal(&mut self) -> Result<Duration> {
+        let Some((_, stream)) = self.stream.as_mut() else {
+            return std::future::pending().await;
+        };
+        match stream.message().await {
+            Ok(Some(response)) => Ok(Duration::from_secs(response.ttl().max(0) as u64)),
+            Ok(None) => {
+                self.stream = None;
+                Err(Error::Closed)
+            }
+            Err(error) => {
+                self.stream = None;
+                Err(backend_error("lease keepalive", error))
+            }
+        }
+    }
+
+    async fn revoke(&mut self) -> Result<()> {
+        self.stats.request();
+        self.client
+            .lease_revoke(self.id)
+            .await
+            .map(|_| ())
+            .map_err(|error| backend_error("lease revoke", error))
+    }
+}
+
+/// The driver of one candidacy: a loop around [`Candidate`].
+struct CandidateDriver {
+    backend: Arc<EtcdBackend>,
+    client: Client,
+    /// `<prefix>/<election>/`.
+    prefix: String,
+    election: String,
+    id: String,
+    serial: u64,
+    config: ElectionConfig,
+    core: Candidate,
+    lease: Option<Arc<EtcdLease>>,
+    own_key: Vec<u8>,
+    /// The key and create revision we wait behind.
+    predecessor: Option<(Vec<u8>, i64)>,
+    /// Deletions of our own key and of the predecessor arrive here.
+    watch: Option<WatchStream>,
+    /// The status channel of the current leadership.
+    status: Option<watch::Sender<Status>>,
+    commands: mpsc::Sender<Command>,
+    leaderships: mpsc::Sender<Result<Leadership>>,
+    resign_acks: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// What woke the driver.
+enum Wake {
+    Command(Option<Command>),
+    LeaseOver,
+    Deleted(Vec<u8>, i64),
+    WatchBroken,
+}
+
+impl CandidateDriver {
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        self.core.campaign();
+        loop {
+            while let Some(action) = self.core.poll_action() {
+                self.perform(action).await;
+            }
+            if self.core.is_finished() {
+                break;
+            }
+            let wake = self.wait(&mut commands).await;
+            match wake {
+                Wake::Command(None) => self.core.resign(),
+                Wake::Command(Some(Command::Resign(ack))) => {
+                    self.resign_acks.extend(ack);
+                    self.core.resign();
+                }
+                Wake::LeaseOver => self.core.handle_lease_expired(),
+                Wake::Deleted(key, revision) => {
+                    if key == self.own_key {
+                        self.core.handle_key_deleted();
+                    } else if self
+                        .predecessor
+                        .as_ref()
+                        .is_some_and(|(k, r)| *k == key && *r == revision)
+                    {
+                        self.backend.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+                        self.core.handle_predecessor_deleted(revision as u64);
+                    }
+                }
+                Wake::WatchBroken => self.recheck().await,
+            }
+        }
+        // Drain the last actions (the DeleteKey of a resign) before acknowledging.
+        while let Some(action) = self.core.poll_action() {
+            self.perform(action).await;
+        }
+        if let Some(status) = &self.status {
+            status.send_if_modified(|s| {
+                if *s == Status::Leading {
+                    *s = Status::Resigned;
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+        for ack in self.resign_acks.drain(..) {
+            let _ = ack.send(());
+        }
+    }
+
+    async fn wait(&mut self, commands: &mut mpsc::Receiver<Command>) -> Wake {
+        let mut lease_view = self.lease.as_ref().map(|lease| lease.handle.view.clone());
+        let lease_over = async {
+            match lease_view.as_mut() {
+                Some(view) => {
+                    let _ = view.wait_for(|v| *v == LeaseView::Over).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let watch = &mut self.watch;
+        let stats = &self.backend.stats;
+        let deleted = async {
+            let Some(stream) = watch.as_mut() else {
+                return std::future::pending().await;
+            };
+            loop {
+                match stream.message().await {
+                    Ok(Some(response)) => {
+                        if response.canceled() {
+                            return Wake::WatchBroken;
+                        }
+                        for event in response.events() {
+                            stats.watch_events.fetch_add(1, Ordering::Relaxed);
+                            if event.event_type() == EventType::Delete {
+                                if let (Some(kv), Some(prev)) = (event.kv(), event.prev_kv()) {
+                                    return Wake::Deleted(
+                                        kv.key().to_vec(),
+                                        prev.create_revision(),
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    _ => return Wake::WatchBroken,
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            command = commands.recv() => Wake::Command(command),
+            _ = lease_over => Wake::LeaseOver,
+            wake = deleted => wake,
+        }
+    }
+
+    /// After a broken watch: find out from scratch where we stand.
+    async fn recheck(&mut self) {
+        self.watch = None;
+        tokio::time::sleep(RETRY_PAUSE).await;
+        match self.core.state() {
+            baton_core::CandidateState::Queued { predecessor, .. } => {
+                self.core.handle_predecessor_deleted(predecessor)
+            }
+            baton_core::CandidateState::Leading { token } => {
+                match self.own_key_exists(token as i64).await {
+                    Ok(true) => {
+                        if self.open_watch(token as i64).await.is_err() {
+                            self.watch = None;
+                        }
+                    }
+                    Ok(false) => self.core.handle_key_deleted(),
+                    // Unreachable: keep trying; the lease deadline bounds how long we lead.
+                    Err(_) => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    async fn own_key_exists(&mut self, revision: i64) -> Result<bool> {
+        let response = request(
+            &self.backend.stats,
+            "get own key",
+            self.client.get(self.own_key.clone(), None),
+        )
+        .await?;
+        Ok(response
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == revision))
+    }
+
+    async fn perform(&mut self, action: CandidateAction) {
+        match action {
+            CandidateAction::CreateKey => self.create_key().await,
+            CandidateAction::FindPredecessor { own_revision } => {
+                self.find_predecessor(own_revision as i64).await
+            }
+            CandidateAction::WatchPredecessor { revision } => {
+                // The watch was extended in find_predecessor; nothing more to do here.
+                debug_assert!(self
+                    .predecessor
+                    .as_ref()
+                    .is_some_and(|(_, r)| *r == revision as i64));
+            }
+            CandidateAction::Elected { token } => self.elected(token),
+            CandidateAction::Lost {
+                reason,
+                was_leading,
+            } => self.lost(reason, was_leading),
+            CandidateAction::DeleteKey { revision } => self.delete_key(revision as i64).await,
+        }
+    }
+
+    async fn create_key(&mut self) {
+        self.watch = None;
+        self.predecessor = None;
+        loop {
+            match self.try_create_key().await {
+                Ok(revision) => {
+                    if let Err(error) = self.open_watch(revision).await {
+                        // Without a watch we cannot hear of deletions: delete and retry.
+                        let _ = self.try_delete(revision).await;
+                        if self.give_up(error).await {
+                            return;
+                        }
+                        continue;
+                    }
+                    self.core.handle_key_created(revision as u64);
+                    return;
+                }
+                Err(error) => {
+                    if self.give_up(error).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Without requeue a failure ends the candidacy and reaches the caller; with requeue we
+    /// pause and retry (unless asked to stop). Returns whether to give up.
+    async fn give_up(&mut self, error: Error) -> bool {
+        if !self.config.requeue || self.leaderships.is_closed() {
+            let _ = self.leaderships.try_send(Err(error));
+            self.core.handle_backend_failed();
+            return true;
+        }
+        tracing::warn!(election = %self.election, %error, "campaign step failed; retrying");
+        tokio::time::sleep(RETRY_PAUSE).await;
+        false
+    }
+
+    async fn try_create_key(&mut self) -> Result<i64> {
+        let lease = self.backend.lease(&self.config).await?;
+        self.own_key = format!("{}{:016x}-{}", self.prefix, lease.id, self.serial).into_bytes();
+        let key = self.own_key.clone();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                self.id.clone(),
+                Some(PutOptions::new().with_lease(lease.id)),
+            )])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        self.lease = Some(lease.clone());
+        let response = request(
+            &self.backend.stats,
+            "create candidate key",
+            self.client.txn(txn),
+        )
+        .await?;
+        if response.succeeded() {
+            return Ok(response.header().map_or(0, |h| h.revision()));
+        }
+        // The key exists: an earlier attempt of ours whose answer was lost. Adopt it only if
+        // it is bound to our lease.
+        for op in response.op_responses() {
+            if let TxnOpResponse::Get(get) = op {
+                if let Some(kv) = get.kvs().first() {
+                    if kv.lease() == lease.id {
+                        return Ok(kv.create_revision());
+                    }
+                }
+            }
+        }
+        Err(Error::Backend {
+            backend: "etcd",
+            operation: "create candidate key",
+            detail: "the key exists with another lease".into(),
+        })
+    }
+
+    /// Watches our own key (deletions only) from just after its creation.
+    async fn open_watch(&mut self, own_revision: i64) -> Result<()> {
+        let options = WatchOptions::new()
+            .with_filters([WatchFilterType::NoPut])
+            .with_prev_key()
+            .with_start_revision(own_revision + 1);
+        let stream = request(
+            &self.backend.stats,
+            "watch own key",
+            self.client.watch(self.own_key.clone(), Some(options)),
+        )
+        .await?;
+        self.watch = Some(stream);
+        Ok(())
+    }
+
+    async fn find_predecessor(&mut self, own_revision: i64) {
+        loop {
+            match self.try_find_predecessor(own_revision).await {
+                Ok(Some(found)) => {
+                    let revision = found.as_ref().map(|(_, revision)| *revision as u64);
+                    self.predecessor = found;
+                    self.core.handle_predecessor(revision);
+                    return;
+                }
+                Ok(None) => {
+                    self.core.handle_key_deleted();
+                    return;
+                }
+                Err(error) => {
+                    if !error.is_retryable() || self.lease_over() {
+                        self.core.handle_backend_failed();
+                        let _ = self.leaderships.try_send(Err(error));
+                        return;
+                    }
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    fn lease_over(&self) -> bool {
+        self.lease
+            .as_ref()
+            .is_none_or(|lease| !lease.handle.is_live())
+    }
+
+    /// `Ok(None)`: our key is gone. `Ok(Some(None))`: we are first. `Ok(Some(Some(p)))`: `p`
+    /// is ahead of us, and a watch for its deletion is in place.
+    async fn try_find_predecessor(
+        &mut self,
+        own_revision: i64,
+    ) -> Result<Option<Option<(Vec<u8>, i64)>>> {
+        // In one transaction: is our key still ours, and who is just ahead of it?
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_max_create_revision(own_revision - 1)
+            .with_limit(1);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.own_key.clone(),
+                CompareOp::Equal,
+                own_revision,
+            )])
+            .and_then([TxnOp::get(self.prefix.clone(), Some(options))]);
+        let response = request(
+            &self.backend.stats,
+            "find predecessor",
+            self.client.txn(txn),
+        )
+        .await?;
+        if !response.succeeded() {
+            return Ok(None);
+        }
+        let read_revision = response.header().map_or(0, |h| h.revision());
+        let predecessor = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => get
+                .kvs()
+                .first()
+                .map(|kv| (kv.key().to_vec(), kv.create_revision())),
+            _ => None,
+        });
+        if let Some((key, _)) = &predecessor {
+            // Watch from just after our read: a deletion in between is replayed, not missed.
+            let options = WatchOptions::new()
+                .with_filters([WatchFilterType::NoPut])
+                .with_prev_key()
+                .with_start_revision(read_revision + 1);
+            let Some(stream) = self.watch.as_mut() else {
+                return Err(Error::Closed);
+            };
+            self.backend.stats.request();
+            stream
+                .watch(key.clone(), Some(options))
+                .await
+                .map_err(|error| backend_error("watch predecessor", error))?;
+        }
+        Ok(Some(predecessor))
+    }
+
+    fn elected(&mut self, token: u64) {
+        let lease = self.lease.as_ref().expect("elected under a lease");
+        let (status_tx, status_rx) = watch::channel(Status::Leading);
+        self.status = Some(status_tx);
+        let leadership = Leadership::new(
+            self.election.clone(),
+            self.id.clone(),
+            token,
+            status_rx,
+            lease.handle.view.clone(),
+            self.commands.clone(),
+            GuardContext::Etcd {
+                client: self.client.clone(),
+                key: self.own_key.clone(),
+            },
+        );
+        if self.leaderships.try_send(Ok(leadership)).is_err() {
+            // Nobody is waiting for it (the candidacy was dropped): the leadership's own drop
+            // has queued a resign.
+            tracing::debug!(election = %self.election, "leadership not collected; resigning");
+        }
+    }
+
+    fn lost(&mut self, reason: LossReason, was_leading: bool) {
+        if let Some(status) = self.status.take() {
+            status.send_replace(Status::Lost(reason));
+        }
+        if !was_leading && !self.config.requeue {
+            let _ = self.leaderships.try_send(Err(Error::CampaignLost(reason)));
+        }
+        self.watch = None;
+        self.predecessor = None;
+    }
+
+    async fn delete_key(&mut self, revision: i64) {
+        let _ = self.try_delete(revision).await;
+    }
+
+    async fn try_delete(&mut self, revision: i64) -> Result<()> {
+        // Delete only the key we created, never a later one with the same name.
+        let key = self.own_key.clone();
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key.clone(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::delete(key, None)]);
+        request(
+            &self.backend.stats,
+            "delete candidate key",
+            self.client.txn(txn),
+        )
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,394 @@
+//! The lease driver: a thin loop around [`LeaseCore`], generic over how renewals travel.
+//!
+//! It publishes the lease's local deadline on a watch channel. Leaderships do not rely on this
+//! task waking up in time: each one arms its own timer at the published deadline (see
+//! [`crate::Leadership::lost`]), so a slow driver can delay renewals but never extend leadership.
+
+use std::future::Future;
+use std::time::Duration;
+
+use baton_core::{ElectionConfig, LeaseAction, LeaseCore};
+use tokio::sync::{oneshot, watch};
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+
+/// What holders see of a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseView {
+    /// Holders may act until `deadline` (tokio clock).
+    Live {
+        /// The local deadline.
+        deadline: tokio::time::Instant,
+    },
+    /// Over: expired, gone at the server, or revoked.
+    Over,
+}
+
+/// How a lease's grant and renewals reach the server.
+pub(crate) trait LeaseTransport: Send + 'static {
+    /// Requests a lease with `ttl`; returns the TTL the server granted.
+    fn grant(&mut self, ttl: Duration) -> impl Future<Output = Result<Duration>> + Send;
+    /// Sends one renewal (reconnecting the renewal stream if needed).
+    fn send_renewal(&mut self) -> impl Future<Output = Result<()>> + Send;
+    /// Waits for the next renewal answer: the granted TTL, zero when the lease is gone. Must
+    /// be cancel-safe and must pend (not fail repeatedly) while no stream is open.
+    fn next_renewal(&mut self) -> impl Future<Output = Result<Duration>> + Send;
+    /// Revokes the lease.
+    fn revoke(&mut self) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// A running lease: its view and the means to end it.
+#[derive(Debug)]
+pub(crate) struct LeaseHandle {
+    pub(crate) view: watch::Receiver<LeaseView>,
+    revoke: Option<oneshot::Sender<()>>,
+}
+
+impl LeaseHandle {
+    pub(crate) fn is_live(&self) -> bool {
+        match *self.view.borrow() {
+            LeaseView::Live { deadline } => tokio::time::Instant::now() < deadline,
+            LeaseView::Over => false,
+        }
+    }
+
+    /// Revokes the lease at the server and waits until the driver has finished.
+    pub(crate) async fn revoke(mut self) {
+        if let Some(revoke) = self.revoke.take() {
+            let _ = revoke.send(());
+        }
+        let mut view = self.view.clone();
+        let _ = view.wait_for(|v| *v == LeaseView::Over).await;
+    }
+}
+
+impl Drop for LeaseHandle {
+    fn drop(&mut self) {
+        // Dropping the sender wakes the driver, which revokes the lease.
+        self.revoke.take();
+    }
+}
+
+/// Bound on the time one renewal send may take, including reconnecting.
+fn send_timeout(config: &ElectionConfig) -> Duration {
+    config.renew_interval().max(Duration::from_millis(50))
+}
+
+/// Grants a lease and spawns its driver.
+pub(crate) async fn start_lease<T: LeaseTransport>(
+    mut transport: T,
+    config: ElectionConfig,
+    clock: Clock,
+) -> Result<LeaseHandle> {
+    let mut core = LeaseCore::new(config.clone());
+    core.start(clock.now());
+    let Some(LeaseAction::Grant { ttl }) = core.poll_action() else {
+        unreachable!("a started lease asks for a grant first");
+    };
+    let grant_timeout = config.local_lease(config.ttl);
+    match tokio::time::timeout(grant_timeout, transport.grant(ttl)).await {
+        Ok(Ok(granted)) => core.handle_granted(clock.now(), granted),
+        Ok(Err(error)) => return Err(error),
+        Err(_) => {
+            return Err(Error::Timeout {
+                operation: "lease grant",
+                after_ms: grant_timeout.as_millis() as u64,
+            })
+        }
+    }
+    if core.poll_action() == Some(LeaseAction::Expired) {
+        return Err(Error::Timeout {
+            operation: "lease grant (answer came after the local deadline)",
+            after_ms: grant_timeout.as_millis() as u64,
+        });
+    }
+    let deadline = clock.to_tokio(core.deadline().expect("granted"));
+    let (view_tx, view) = watch::channel(LeaseView::Live { deadline });
+    let (revoke_tx, revoke_rx) = oneshot::channel();
+    tokio::spawn(drive_lease(
+        transport, core, config, clock, view_tx, revoke_rx,
+    ));
+    Ok(LeaseHandle {
+        view,
+        revoke: Some(revoke_tx),
+    })
+}
+
+async fn drive_lease<T: LeaseTransport>(
+    mut transport: T,
+    mut core: LeaseCore,
+    config: ElectionConfig,
+    clock: Clock,
+    view_tx: watch::Sender<LeaseView>,
+    mut revoke_rx: oneshot::Receiver<()>,
+) {
+    let mut revoke_open = true;
+    loop {
+        while let Some(action) = core.poll_action() {
+            match action {
+                LeaseAction::Grant { .. } => unreachable!("granted before the driver starts"),
+                LeaseAction::Renew => {
+                    let sent =
+                        tokio::time::timeout(send_timeout(&config), transport.send_renewal());
+                    if !matches!(sent.await, Ok(Ok(()))) {
+                        core.handle_renew_failed(clock.now());
+                    }
+                }
+                LeaseAction::Expired => {
+                    view_tx.send_replace(LeaseView::Over);
+                    return;
+                }
+                LeaseAction::Revoke => {
+                    // Tell holders first: the lease is over from this moment on.
+                    view_tx.send_replace(LeaseView::Over);
+                    let revoke_timeout = send_timeout(&config);
+                    let _ = tokio::time::timeout(revoke_timeout, transport.revoke()).await;
+                    return;
+                }
+            }
+        }
+        if let Some(deadline) = core.deadline() {
+            let live = LeaseView::Live {
+                deadline: clock.to_tokio(deadline),
+            };
+            view_tx.send_if_modified(|view| {
+                let changed = *view != live;
+                *view = live;
+                changed
+            });
+        }
+        let wake = core
+            .poll_timeout()
+            .map(|at| clock.to_tokio(at))
+            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            biased;
+            _ = &mut revoke_rx, if revoke_open => {
+                revoke_open = false;
+                core.revoke(clock.now());
+            }
+            _ = tokio::time::sleep_until(wake) => core.handle_timeout(clock.now()),
+            answer = transport.next_renewal() => match answer {
+                Ok(ttl) => core.handle_renewed(clock.now(), ttl),
+                Err(_) => core.handle_renew_failed(clock.now()),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The real driver under tokio's paused clock, against a modelled lease server whose
+    //! network can stall. The server follows etcd: a renewal received before expiry extends the
+    //! lease to receive time + TTL; one received after expiry is answered with TTL 0.
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tokio::sync::mpsc;
+    use tokio::time::Instant;
+
+    const TTL: Duration = Duration::from_secs(2);
+
+    #[derive(Debug, Default)]
+    struct Server {
+        expires_at: Option<Instant>,
+        /// While true the network drops every renewal and answer.
+        partitioned: bool,
+        renewals_received: u32,
+    }
+
+    struct Transport {
+        server: Arc<Mutex<Server>>,
+        /// One-way latency.
+        latency: Duration,
+        answers_tx: mpsc::UnboundedSender<Duration>,
+        answers_rx: mpsc::UnboundedReceiver<Duration>,
+    }
+
+    impl Transport {
+        fn new(server: Arc<Mutex<Server>>, latency: Duration) -> Transport {
+            let (answers_tx, answers_rx) = mpsc::unbounded_channel();
+            Transport {
+                server,
+                latency,
+                answers_tx,
+                answers_rx,
+            }
+        }
+    }
+
+    impl LeaseTransport for Transport {
+        async fn grant(&mut self, ttl: Duration) -> Result<Duration> {
+            tokio::time::sleep(self.latency).await;
+            self.server.lock().unwrap().expires_at = Some(Instant::now() + ttl);
+            tokio::time::sleep(self.latency).await;
+            Ok(ttl)
+        }
+
+        async fn send_renewal(&mut self) -> Result<()> {
+            let server = self.server.clone();
+            let latency = self.latency;
+            let answers = self.answers_tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(latency).await;
+                let ttl = {
+                    let mut server = server.lock().unwrap();
+                    if server.partitioned {
+                        return;
+                    }
+                    server.renewals_received += 1;
+                    let now = Instant::now();
+                    match server.expires_at {
+                        Some(at) if now < at => {
+                            server.expires_at = Some(now + TTL);
+                            TTL
+                        }
+                        _ => Duration::ZERO,
+                    }
+                };
+                tokio::time::sleep(latency).await;
+                if !server.lock().unwrap().partitioned {
+                    let _ = answers.send(ttl);
+                }
+            });
+            Ok(())
+        }
+
+        async fn next_renewal(&mut self) -> Result<Duration> {
+            match self.answers_rx.recv().await {
+                Some(ttl) => Ok(ttl),
+                None => std::future::pending().await,
+            }
+        }
+
+        async fn revoke(&mut self) -> Result<()> {
+            self.server.lock().unwrap().expires_at = None;
+            Ok(())
+        }
+    }
+
+    fn config() -> ElectionConfig {
+        ElectionConfig::default().with_ttl(TTL)
+    }
+
+    /// When the holder's own timer says the lease is over (what `Leadership::lost` does).
+    async fn local_loss(handle: &LeaseHandle) -> Instant {
+        let mut view = handle.view.clone();
+        loop {
+            let current = *view.borrow_and_update();
+            match current {
+                LeaseView::Over => return Instant::now(),
+                LeaseView::Live { deadline } => tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => return Instant::now(),
+                    _ = view.changed() => {}
+                },
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renews_while_the_network_works() {
+        let server = Arc::new(Mutex::new(Server::default()));
+        let handle = start_lease(
+            Transport::new(server.clone(), Duration::from_millis(5)),
+            config(),
+            Clock::new(),
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(handle.is_live());
+        // A renewal every ttl/3 for a minute.
+        let received = server.lock().unwrap().renewals_received;
+        assert!((88..=91).contains(&received), "{received} renewals");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stalled_renewals_end_leadership_before_the_server_expires_the_lease() {
+        let server = Arc::new(Mutex::new(Server::default()));
+        let handle = start_lease(
+            Transport::new(server.clone(), Duration::from_millis(20)),
+            config(),
+            Clock::new(),
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(5_000)).await;
+        server.lock().unwrap().partitioned = true;
+        let lost_at = local_loss(&handle).await;
+        let server_expiry = server.lock().unwrap().expires_at.unwrap();
+        assert!(
+            lost_at < server_expiry,
+            "lost at {lost_at:?}, server expiry {server_expiry:?}"
+        );
+        // The margin is at least drift (1% of 2 s) plus the safety margin (100 ms).
+        assert!(server_expiry - lost_at >= Duration::from_millis(120));
+        // The driver reaches the same conclusion on its own timer.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(*handle.view.borrow(), LeaseView::Over);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn partition_healing_after_expiry_never_resurrects_the_lease() {
+        let server = Arc::new(Mutex::new(Server::default()));
+        let handle = start_lease(
+            Transport::new(server.clone(), Duration::from_millis(20)),
+            config(),
+            Clock::new(),
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        server.lock().unwrap().partitioned = true;
+        tokio::time::sleep(Duration::from_millis(6_000)).await;
+        server.lock().unwrap().partitioned = false;
+        tokio::time::sleep(Duration::from_millis(6_000)).await;
+        assert_eq!(*handle.view.borrow(), LeaseView::Over);
+        assert!(!handle.is_live());
+        // The driver stopped renewing once over: nothing reached the healed server.
+        let received_after_heal = server.lock().unwrap().renewals_received;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            server.lock().unwrap().renewals_received,
+            received_after_heal
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_answers_are_counted_from_their_send_time() {
+        // 700 ms each way: every answer is 1.4 s old when it arrives. The deadline must track
+        // the send time, so the holder stays strictly inside the server's lease.
+        let server = Arc::new(Mutex::new(Server::default()));
+        let handle = start_lease(
+            Transport::new(server.clone(), Duration::from_millis(700)),
+            config(),
+            Clock::new(),
+        )
+        .await
+        .unwrap();
+        let mut view = handle.view.clone();
+        for _ in 0..20 {
+            if view.changed().await.is_err() {
+                break;
+            }
+            if let LeaseView::Live { deadline } = *view.borrow() {
+                let server_expiry = server.lock().unwrap().expires_at.unwrap();
+                assert!(deadline < server_expiry);
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropping_the_handle_revokes() {
+        let server = Arc::new(Mutex::new(Server::default()));
+        let handle = start_lease(
+            Transport::new(server.clone(), Duration::from_millis(1)),
+            config(),
+            Clock::new(),
+        )
+        .await
+        .unwrap();
+        handle.revoke().await;
+        assert_eq!(server.lock().unwrap().expires_at, None);
+    }
+}

@@ -1,0 +1,116 @@
+//! Backend URLs: `etcd://host:port[,host:port]/prefix`.
+
+use crate::error::{Error, Result};
+
+/// Default key prefix when the URL has no path.
+const DEFAULT_PREFIX: &str = "/baton";
+
+/// A parsed backend URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendUrl {
+    /// An etcd v3 cluster (or `baton server`).
+    Etcd {
+        /// `host:port` endpoints.
+        endpoints: Vec<String>,
+        /// Key prefix, starting with `/` and without a trailing one.
+        prefix: String,
+    },
+}
+
+impl BackendUrl {
+    /// Parses a URL, naming the problem in the error.
+    pub fn parse(url: &str) -> Result<BackendUrl> {
+        let invalid = |reason: &str| Error::InvalidUrl {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(invalid(
+                "expected scheme://host:port/prefix, for example etcd://127.0.0.1:2379/baton",
+            ));
+        };
+        match scheme {
+            "etcd" => {}
+            "zk" | "zookeeper" | "postgres" | "postgresql" => {
+                return Err(invalid(&format!(
+                    "the {scheme} backend is not available in this build (supported: etcd)"
+                )))
+            }
+            _ => {
+                return Err(invalid(&format!(
+                    "unknown scheme {scheme:?} (supported: etcd)"
+                )))
+            }
+        }
+        let (hosts, path) = match rest.find('/') {
+            Some(at) => rest.split_at(at),
+            None => (rest, ""),
+        };
+        if hosts.is_empty() {
+            return Err(invalid("no host given"));
+        }
+        let mut endpoints = Vec::new();
+        for host in hosts.split(',') {
+            let Some((name, port)) = host.rsplit_once(':') else {
+                return Err(invalid(&format!("endpoint {host:?} has no port")));
+            };
+            if name.is_empty() {
+                return Err(invalid(&format!("endpoint {host:?} has no host name")));
+            }
+            if port.parse::<u16>().ok().filter(|&p| p != 0).is_none() {
+                return Err(invalid(&format!("endpoint {host:?} has an invalid port")));
+            }
+            endpoints.push(host.to_string());
+        }
+        let trimmed = path.trim_end_matches('/');
+        let prefix = if trimmed.is_empty() {
+            DEFAULT_PREFIX.to_string()
+        } else {
+            trimmed.to_string()
+        };
+        if prefix.contains("//") || prefix.chars().any(char::is_control) {
+            return Err(invalid("prefix has empty segments or control characters"));
+        }
+        Ok(BackendUrl::Etcd { endpoints, prefix })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_endpoints_and_prefix() {
+        assert_eq!(
+            BackendUrl::parse("etcd://127.0.0.1:2379,10.0.0.2:2379/jobs/").unwrap(),
+            BackendUrl::Etcd {
+                endpoints: vec!["127.0.0.1:2379".into(), "10.0.0.2:2379".into()],
+                prefix: "/jobs".into()
+            }
+        );
+        assert_eq!(
+            BackendUrl::parse("etcd://localhost:2379").unwrap(),
+            BackendUrl::Etcd {
+                endpoints: vec!["localhost:2379".into()],
+                prefix: "/baton".into()
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_bad_urls_with_a_reason() {
+        for (url, needle) in [
+            ("http://x:1", "unknown scheme"),
+            ("127.0.0.1:2379", "expected scheme"),
+            ("etcd://", "no host"),
+            ("etcd://host/prefix", "no port"),
+            ("etcd://host:99999", "invalid port"),
+            ("etcd://:2379", "no host name"),
+            ("zk://h:2181", "not available"),
+            ("etcd://h:1/a//b", "empty segments"),
+        ] {
+            let message = BackendUrl::parse(url).unwrap_err().to_string();
+            assert!(message.contains(needle), "{url}: {message}");
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! The conformance suite: the same tests against every backend.
+//!
+//! A backend's test file calls [`url`]-style setup and then each `check_*` function with a
+//! fresh election name. Every check asserts observable behaviour through the public API only,
+//! so ZooKeeper, PostgreSQL and `baton server` run exactly these.
+
+use std::time::Duration;
+
+use baton::{Backend, Election, ElectionConfig, Error, LeaderInfo, LossReason};
+
+/// A short TTL keeps the expiry tests quick; etcd leases are whole seconds.
+pub fn config() -> ElectionConfig {
+    ElectionConfig::default().with_ttl(Duration::from_secs(2))
+}
+
+/// A unique election name per check and run.
+pub fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+async fn within<T>(what: &str, limit: Duration, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
+}
+
+pub async fn check_single_candidate_leads_and_resigns(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let election = Election::new(&backend, &unique("single"), config()).unwrap();
+    assert_eq!(election.leader().await.unwrap(), None);
+    let leadership = within("campaign", Duration::from_secs(5), election.campaign("a"))
+        .await
+        .unwrap();
+    assert!(leadership.token() > 0);
+    assert!(leadership.is_leading());
+    assert_eq!(
+        election.leader().await.unwrap(),
+        Some(LeaderInfo {
+            id: "a".into(),
+            token: leadership.token()
+        })
+    );
+    leadership.resign().await;
+    assert_eq!(election.leader().await.unwrap(), None);
+}
+
+pub async fn check_tokens_strictly_increase(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let election = Election::new(&backend, &unique("tokens"), config()).unwrap();
+    let mut last = 0;
+    for round in 0..5 {
+        let leadership = election.campaign(&format!("c{round}")).await.unwrap();
+        assert!(
+            leadership.token() > last,
+            "round {round}: {} after {last}",
+            leadership.token()
+        );
+        last = leadership.token();
+        leadership.resign().await;
+    }
+}
+
+pub async fn check_waiter_takes_over_on_resign(url: &str) {
+    let a_backend = Backend::connect(url).await.unwrap();
+    let b_backend = Backend::connect(url).await.unwrap();
+    let name = unique("handoff");
+    let a = Election::new(&a_backend, &name, config()).unwrap();
+    let b = Election::new(&b_backend, &name, config()).unwrap();
+    let a_lead = a.campaign("a").await.unwrap();
+    let b_campaign = tokio::spawn(async move { b.campaign("b").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!b_campaign.is_finished(), "b must wait while a leads");
+    let a_token = a_lead.token();
+    a_lead.resign().await;
+    let b_lead = within("takeover", Duration::from_secs(2), b_campaign)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(b_lead.token() > a_token);
+    assert_eq!(b_lead.id(), "b");
+}
+
+pub async fn check_own_key_deleted_is_reported(
+    url: &str,
+    delete_leader_key: impl AsyncFnOnce(&str),
+) {
+    let backend = Backend::connect(url).await.unwrap();
+    let name = unique("deleted");
+    let election = Election::new(&backend, &name, config()).unwrap();
+    let leadership = election.campaign("a").await.unwrap();
+    delete_leader_key(&name).await;
+    let reason = within("loss", Duration::from_secs(3), leadership.lost()).await;
+    assert_eq!(reason, LossReason::KeyDeleted);
+    assert!(!leadership.is_leading());
+}
+
+pub async fn check_lease_revoked_is_reported(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let election = Election::new(&backend, &unique("revoked"), config()).unwrap();
+    let leadership = election.campaign("a").await.unwrap();
+    backend.close().await;
+    let reason = within("loss", Duration::from_secs(3), leadership.lost()).await;
+    assert!(
+        matches!(reason, LossReason::KeyDeleted | LossReason::LeaseExpired),
+        "{reason:?}"
+    );
+    assert!(!leadership.is_leading());
+}
+
+pub async fn check_observe_reports_every_change(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let other = Backend::connect(url).await.unwrap();
+    let name = unique("observe");
+    let election = Election::new(&backend, &name, config()).unwrap();
+    let b_election = Election::new(&other, &name, config()).unwrap();
+    let mut observer = election.observe().await.unwrap();
+    assert_eq!(observer.next().await.unwrap(), None);
+    let a = election.campaign("a").await.unwrap();
+    let seen = within("observe a", Duration::from_secs(2), observer.next())
+        .await
+        .unwrap();
+    assert_eq!(
+        seen,
+        Some(LeaderInfo {
+            id: "a".into(),
+            token: a.token()
+        })
+    );
+    let b_waiting = tokio::spawn(async move { b_election.campaign("b").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    a.resign().await;
+    let b = b_waiting.await.unwrap().unwrap();
+    let seen = within("observe b", Duration::from_secs(2), observer.next())
+        .await
+        .unwrap();
+    assert_eq!(
+        seen,
+        Some(LeaderInfo {
+            id: "b".into(),
+            token: b.token()
+        })
+    );
+    b.resign().await;
+    let seen = within("observe none", Duration::from_secs(2), observer.next())
+        .await
+        .unwrap();
+    assert_eq!(seen, None);
+}
+
+pub async fn check_guarded_put_is_fenced(url: &str) {
+    let a_backend = Backend::connect(url).await.unwrap();
+    let b_backend = Backend::connect(url).await.unwrap();
+    let name = unique("guarded");
+    let a = Election::new(&a_backend, &name, config()).unwrap();
+    let b = Election::new(&b_backend, &name, config()).unwrap();
+    let data_key = format!("/baton-test-data/{name}");
+    let a_lead = a.campaign("a").await.unwrap();
+    a_lead.guarded_put(&data_key, "from a").await.unwrap();
+    let a_token = a_lead.token();
+    a.guarded_put(a_token, &data_key, "from a by token")
+        .await
+        .unwrap();
+    a_lead.resign().await;
+    let b_lead = b.campaign("b").await.unwrap();
+    b_lead.guarded_put(&data_key, "from b").await.unwrap();
+    // The old token is refused, by the service itself.
+    match b.guarded_put(a_token, &data_key, "stale").await {
+        Err(Error::Fenced { token, .. }) => assert_eq!(token, a_token),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+}
+
+pub async fn check_dropping_leadership_resigns(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let election = Election::new(&backend, &unique("drop"), config()).unwrap();
+    let leadership = election.campaign("a").await.unwrap();
+    drop(leadership);
+    within("leader gone", Duration::from_secs(2), async {
+        while election.leader().await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+pub async fn check_requeue_campaigns_again(url: &str, delete_leader_key: impl AsyncFnOnce(&str)) {
+    let backend = Backend::connect(url).await.unwrap();
+    let name = unique("requeue");
+    let election = Election::new(&backend, &name, config().with_requeue(true)).unwrap();
+    let mut candidacy = election.candidacy("a").unwrap();
+    let first = candidacy.next().await.unwrap();
+    delete_leader_key(&name).await;
+    assert_eq!(first.lost().await, LossReason::KeyDeleted);
+    let second = within("requeued", Duration::from_secs(3), candidacy.next())
+        .await
+        .unwrap();
+    assert!(second.token() > first.token());
+    assert!(second.is_leading());
+    drop(first);
+    second.resign().await;
+    candidacy.resign().await;
+}
+
+pub async fn check_bad_input_is_rejected(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    for (name, config) in [
+        ("ok", ElectionConfig::default().with_ttl(Duration::ZERO)),
+        ("ok", ElectionConfig::default().with_max_drift_ppm(600_000)),
+        ("a/b", config()),
+        ("", config()),
+    ] {
+        assert!(Election::new(&backend, name, config).is_err());
+    }
+    let election = Election::new(&backend, &unique("bad"), config()).unwrap();
+    assert!(election.candidacy("").is_err());
+}
+
+pub async fn check_many_elections_share_one_lease(url: &str) {
+    // Renewal traffic must not grow with the number of elections a process holds.
+    let one = Backend::connect(url).await.unwrap();
+    let many = Backend::connect(url).await.unwrap();
+    let _single = Election::new(&one, &unique("share1"), config())
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    for i in 0..50 {
+        let election = Election::new(&many, &unique(&format!("share{i}")), config()).unwrap();
+        held.push(election.campaign("a").await.unwrap());
+    }
+    let (one_before, many_before) = (one.stats().renewals, many.stats().renewals);
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let one_renewals = one.stats().renewals - one_before;
+    let many_renewals = many.stats().renewals - many_before;
+    assert!(one_renewals >= 3, "{one_renewals}");
+    assert!(
+        many_renewals <= one_renewals + 1,
+        "50 elections renewed {many_renewals} times, one election {one_renewals}"
+    );
+    assert!(held.iter().all(|l| l.is_leading()));
+}
+
+pub async fn check_one_resign_wakes_exactly_one_waiter(url: &str, waiters: usize) {
+    let name = unique("herd");
+    let leader_backend = Backend::connect(url).await.unwrap();
+    let leader = Election::new(&leader_backend, &name, config())
+        .unwrap()
+        .campaign("leader")
+        .await
+        .unwrap();
+    let mut backends = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..waiters {
+        let backend = Backend::connect(url).await.unwrap();
+        let election = Election::new(&backend, &name, config()).unwrap();
+        tasks.push(tokio::spawn(async move {
+            election.campaign(&format!("w{i}")).await
+        }));
+        backends.push(backend);
+    }
+    // Let every waiter queue behind its predecessor.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let before: u64 = backends.iter().map(|b| b.stats().wakeups).sum();
+    let events_before: u64 = backends.iter().map(|b| b.stats().watch_events).sum();
+    leader.resign().await;
+    within("one waiter wins", Duration::from_secs(3), async {
+        while !tasks.iter().any(|t| t.is_finished()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after: u64 = backends.iter().map(|b| b.stats().wakeups).sum();
+    let events_after: u64 = backends.iter().map(|b| b.stats().watch_events).sum();
+    assert_eq!(after - before, 1, "one resign must wake exactly one waiter");
+    assert_eq!(
+        events_after - events_before,
+        1,
+        "exactly one watch event among all waiters"
+    );
+    assert_eq!(tasks.iter().filter(|t| t.is_finished()).count(), 1);
+    for task in tasks {
+        task.abort();
+    }
+}

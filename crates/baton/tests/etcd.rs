@@ -1,0 +1,106 @@
+//! The conformance suite against a real etcd (started by `scripts/test`).
+
+mod conformance;
+
+use conformance::*;
+
+/// The etcd under test. Missing is a loud failure, never a skip.
+fn etcd() -> String {
+    std::env::var("BATON_TEST_ETCD").expect(
+        "BATON_TEST_ETCD is not set: run the tests with scripts/test, which starts a private etcd",
+    )
+}
+
+fn url() -> String {
+    format!("etcd://{}/baton-test", etcd())
+}
+
+/// Deletes the leader's key of `election` behind the library's back, as an operator would.
+async fn delete_leader_key(election: &str) {
+    let mut client = etcd_client::Client::connect([etcd()], None).await.unwrap();
+    let prefix = format!("/baton-test/{election}/");
+    let options = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_sort(
+            etcd_client::SortTarget::Create,
+            etcd_client::SortOrder::Ascend,
+        )
+        .with_limit(1);
+    let response = client.get(prefix, Some(options)).await.unwrap();
+    let key = response.kvs()[0].key().to_vec();
+    client.delete(key, None).await.unwrap();
+}
+
+#[tokio::test]
+async fn single_candidate_leads_and_resigns() {
+    check_single_candidate_leads_and_resigns(&url()).await;
+}
+
+#[tokio::test]
+async fn tokens_strictly_increase() {
+    check_tokens_strictly_increase(&url()).await;
+}
+
+#[tokio::test]
+async fn waiter_takes_over_on_resign() {
+    check_waiter_takes_over_on_resign(&url()).await;
+}
+
+#[tokio::test]
+async fn own_key_deleted_is_reported() {
+    check_own_key_deleted_is_reported(&url(), delete_leader_key).await;
+}
+
+#[tokio::test]
+async fn lease_revoked_is_reported() {
+    check_lease_revoked_is_reported(&url()).await;
+}
+
+#[tokio::test]
+async fn observe_reports_every_change() {
+    check_observe_reports_every_change(&url()).await;
+}
+
+#[tokio::test]
+async fn guarded_put_is_fenced() {
+    check_guarded_put_is_fenced(&url()).await;
+}
+
+#[tokio::test]
+async fn dropping_leadership_resigns() {
+    check_dropping_leadership_resigns(&url()).await;
+}
+
+#[tokio::test]
+async fn requeue_campaigns_again() {
+    check_requeue_campaigns_again(&url(), delete_leader_key).await;
+}
+
+#[tokio::test]
+async fn bad_input_is_rejected() {
+    check_bad_input_is_rejected(&url()).await;
+}
+
+#[tokio::test]
+async fn many_elections_share_one_lease() {
+    check_many_elections_share_one_lease(&url()).await;
+}
+
+#[tokio::test]
+async fn one_resign_wakes_exactly_one_of_50_waiters() {
+    check_one_resign_wakes_exactly_one_waiter(&url(), 50).await;
+}
+
+#[tokio::test]
+async fn unreachable_server_is_a_clear_error() {
+    // Port 1 on loopback: nothing listens there.
+    let error = baton::Backend::connect("etcd://127.0.0.1:1/x")
+        .await
+        .unwrap_err();
+    assert!(error.is_retryable());
+    let message = error.to_string();
+    assert!(
+        message.starts_with("cannot reach etcd at 127.0.0.1:1"),
+        "{message}"
+    );
+}
