@@ -19,6 +19,9 @@ pub enum Error {
     /// The election configuration was rejected.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The backend cannot do what the configuration asks.
+    #[error("{0}")]
+    Unsupported(String),
     /// An election name or candidate id is not usable.
     #[error("invalid {what} {value:?}: {reason}")]
     InvalidName {

@@ -39,10 +39,10 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
     if ttl.subsec_nanos() != 0 {
-        return Err(Error::Config(baton_core::ConfigError::TtlBelowMinimum {
-            ttl: baton_core::format_duration(ttl),
-            minimum: "a whole number of seconds (etcd leases have whole-second TTLs)".into(),
-        }));
+        return Err(Error::Unsupported(format!(
+            "ttl {} is not a whole number of seconds (etcd leases have whole-second TTLs)",
+            baton_core::format_duration(ttl)
+        )));
     }
     Ok(())
 }
@@ -419,17 +419,37 @@ fn leader_of(members: &BTreeMap<i64, String>) -> Option<LeaderInfo> {
     })
 }
 
-/// The deepest message of an error chain: "connection refused" rather than "transport error".
+/// The most telling message of an error chain: the operating system's "Connection refused"
+/// rather than a page of gRPC status.
 fn root_cause(error: &etcd_client::Error) -> String {
-    let mut source: &dyn std::error::Error = error;
-    while let Some(next) = source.source() {
-        source = next;
+    let mut source: Option<&dyn std::error::Error> = Some(error);
+    while let Some(current) = source {
+        if let Some(io) = current.downcast_ref::<std::io::Error>() {
+            return io.to_string();
+        }
+        source = current.source();
     }
-    let text = source.to_string();
-    if text.is_empty() {
-        error.to_string()
-    } else {
-        text
+    // tonic hides the operating system's error behind boxed sources; its Debug form keeps it.
+    let debug = format!("{error:?}");
+    for (kind, text) in [
+        ("ConnectionRefused", "connection refused"),
+        ("TimedOut", "connection timed out"),
+        ("HostUnreachable", "host unreachable"),
+        ("NetworkUnreachable", "network unreachable"),
+    ] {
+        if debug.contains(kind) {
+            return text.to_string();
+        }
+    }
+    let text = error.to_string();
+    match text.find("message: ") {
+        Some(at) => text[at + 9..]
+            .split(',')
+            .next()
+            .unwrap_or(&text)
+            .trim_matches('"')
+            .to_string(),
+        None => text,
     }
 }
 

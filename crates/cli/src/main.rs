@@ -1,0 +1,235 @@
+//! `baton`: run a command on exactly one host, inspect and observe elections.
+//!
+//! Exit codes: the child's own code for `baton run` when the child exits; 2 for bad input
+//! (flags, durations, URLs, an unreachable backend); 3 when leadership was lost and `--requeue`
+//! was not given; 128+N after stopping on signal N; 1 for other runtime failures.
+
+mod guard;
+mod run;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use baton::{Backend, Election, ElectionConfig};
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+
+/// Exit code for bad input.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code when leadership was lost (without `--requeue`).
+pub const EXIT_LOST: u8 = 3;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "baton",
+    version,
+    about = "Make \"exactly one node does this job\" safe."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run CMD only while this host leads the election; kill it before the lease could be won
+    /// elsewhere.
+    Run(run::RunArgs),
+    /// Print the current leader as one JSON object.
+    Leader(Target),
+    /// Print the leader as JSON, then one line per change.
+    Observe(Target),
+    /// Internal: the process-group guard started by `baton run`.
+    #[command(name = "__guard", hide = true)]
+    Guard {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<OsString>,
+    },
+}
+
+/// Which election to look at.
+#[derive(Debug, Args)]
+pub struct Target {
+    /// Backend URL, for example etcd://127.0.0.1:2379/baton.
+    #[arg(long, env = "BATON_BACKEND")]
+    backend: String,
+    /// Election name.
+    #[arg(long, env = "BATON_ELECTION")]
+    election: String,
+}
+
+/// The JSON contract of `baton leader` and `baton observe`.
+#[derive(Debug, Serialize)]
+struct LeaderLine<'a> {
+    election: &'a str,
+    leader: Option<baton::LeaderInfo>,
+}
+
+/// An error that is the user's input, not a runtime failure: exit code 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// The process exit code, carried as an error so `main` is the one place that exits.
+#[derive(Debug)]
+pub struct Exit(pub u8);
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit {}", self.0)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                error.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+            ) {
+                let _ = error.print();
+                return ExitCode::SUCCESS;
+            }
+            // One clear line: clap's first line, without the usage block.
+            let rendered = error.render().to_string();
+            let mut lines = rendered.lines().map(str::trim).filter(|l| !l.is_empty());
+            let mut first = lines
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ")
+                .to_string();
+            // "the following required arguments were not provided:" names them on the next line.
+            if first.ends_with(':') {
+                if let Some(next) = lines.next() {
+                    first = format!("{first} {next}");
+                }
+            }
+            eprintln!("baton: error: {first} (see baton --help)");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    if let Command::Guard { command } = &cli.command {
+        guard::main(command);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("baton: error: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => exit_code_for(&error),
+    }
+}
+
+fn exit_code_for(error: &anyhow::Error) -> ExitCode {
+    if let Some(Exit(code)) = error.downcast_ref::<Exit>() {
+        return ExitCode::from(*code);
+    }
+    eprintln!("baton: error: {}", one_line(error));
+    if error.downcast_ref::<UsageError>().is_some() || is_input_error(error) {
+        ExitCode::from(EXIT_USAGE)
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Library errors that mean the input was wrong (or the backend named by it is unreachable).
+fn is_input_error(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<baton::Error>(),
+            Some(
+                baton::Error::InvalidUrl { .. }
+                    | baton::Error::Config(_)
+                    | baton::Error::InvalidName { .. }
+                    | baton::Error::Unsupported(_)
+                    | baton::Error::Unreachable { .. }
+            )
+        )
+    })
+}
+
+/// The error and its causes on one line.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ").replace('\n', " ")
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run(args) => run::run(args).await,
+        Command::Leader(target) => leader(target).await,
+        Command::Observe(target) => observe(target).await,
+        Command::Guard { .. } => unreachable!("handled before the runtime starts"),
+    }
+}
+
+/// Connects and builds the election; every failure here is bad input (exit 2).
+pub async fn open_election(
+    backend_url: &str,
+    election: &str,
+    config: ElectionConfig,
+) -> anyhow::Result<(Backend, Election)> {
+    let backend = Backend::connect(backend_url).await?;
+    let election = Election::new(&backend, election, config)?;
+    Ok((backend, election))
+}
+
+/// The config used only to look at an election (validated, never campaigned with).
+fn inspect_config() -> ElectionConfig {
+    ElectionConfig::default().with_ttl(Duration::from_secs(10))
+}
+
+async fn leader(target: Target) -> anyhow::Result<()> {
+    let (_backend, election) =
+        open_election(&target.backend, &target.election, inspect_config()).await?;
+    let leader = election.leader().await.context("reading the leader")?;
+    print_line(&target.election, leader)
+}
+
+async fn observe(target: Target) -> anyhow::Result<()> {
+    let (_backend, election) =
+        open_election(&target.backend, &target.election, inspect_config()).await?;
+    let mut observer = election.observe().await.context("starting to observe")?;
+    loop {
+        let leader = observer.next().await.context("observing")?;
+        print_line(&target.election, leader)?;
+    }
+}
+
+fn print_line(election: &str, leader: Option<baton::LeaderInfo>) -> anyhow::Result<()> {
+    use std::io::Write;
+    let line = serde_json::to_string(&LeaderLine { election, leader })?;
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        // A closed pipe (`baton observe | head -1`) is a normal way to stop.
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Err(Exit(0).into()),
+        Err(error) => Err(error.into()),
+    }
+}

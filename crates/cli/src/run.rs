@@ -1,0 +1,286 @@
+//! `baton run`: the supervisor.
+//!
+//! It campaigns; while leader it runs CMD (through the guard, in its own process group) with
+//! `BATON_ELECTION`, `BATON_ID` and `BATON_TOKEN`; when leadership ends it stops the group no
+//! later than the local deadline; when CMD exits it resigns and exits with CMD's code.
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use anyhow::Context;
+use baton::{parse_duration, ElectionConfig, Leadership, LossReason};
+use clap::Args;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::time::Instant;
+
+use crate::{open_election, Exit, EXIT_LOST};
+
+/// Flags of `baton run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Backend URL, for example etcd://127.0.0.1:2379/baton.
+    #[arg(long, env = "BATON_BACKEND")]
+    backend: String,
+    /// Election name: one leader per name.
+    #[arg(long, env = "BATON_ELECTION")]
+    election: String,
+    /// This candidate's id, shown by `baton leader` [default: HOSTNAME-PID].
+    #[arg(long, env = "BATON_ID")]
+    id: Option<String>,
+    /// Lease TTL: how long a crashed leader blocks the election.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    ttl: Duration,
+    /// How long CMD may take to exit after SIGTERM before SIGKILL (never past the local
+    /// deadline).
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    grace: Duration,
+    /// After losing leadership, campaign again (and run CMD again when re-elected) instead of
+    /// exiting with code 3.
+    #[arg(long)]
+    requeue: bool,
+    /// Time between lease renewals [default: a third of the TTL].
+    #[arg(long, value_parser = duration)]
+    renew_interval: Option<Duration>,
+    /// Assumed bound on clock-rate difference to the server, in parts per million.
+    #[arg(long, default_value_t = 10_000)]
+    max_drift_ppm: u32,
+    /// Extra time taken off the local deadline to cover stopping CMD.
+    #[arg(long, default_value = "100ms", value_parser = duration)]
+    safety_margin: Duration,
+    /// The command to run while leader.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|error| error.to_string())
+}
+
+fn default_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    format!("{host}-{}", std::process::id())
+}
+
+fn note(election: &str, message: std::fmt::Arguments<'_>) {
+    eprintln!("baton: {election}: {message}");
+}
+
+/// Signals that matter to the supervisor.
+struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,
+        })
+    }
+
+    /// Waits for SIGTERM or SIGINT; returns the signal number.
+    async fn stop(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.int.recv() => libc::SIGINT,
+        }
+    }
+}
+
+/// How a term of office ended.
+enum Outcome {
+    ChildExited(u8),
+    Lost(LossReason),
+    Stopped(i32),
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let mut config = ElectionConfig::default()
+        .with_ttl(args.ttl)
+        .with_requeue(args.requeue)
+        .with_max_drift_ppm(args.max_drift_ppm)
+        .with_safety_margin(args.safety_margin);
+    if let Some(interval) = args.renew_interval {
+        config = config.with_renew_interval(interval);
+    }
+    let id = args.id.clone().unwrap_or_else(default_id);
+    let name = args.election.clone();
+    // Signals first: a SIGTERM during the campaign must resign, not kill us mid-way.
+    let mut signals = Signals::install()?;
+    let mut cont =
+        signal(SignalKind::from_raw(libc::SIGCONT)).context("installing a SIGCONT handler")?;
+    let (_backend, election) = open_election(&args.backend, &name, config).await?;
+    let mut candidacy = election.candidacy(&id)?;
+    note(&name, format_args!("campaigning as {id:?}"));
+    loop {
+        let leadership = tokio::select! {
+            leadership = candidacy.next() => leadership.context("campaigning")?,
+            signal = signals.stop() => {
+                candidacy.resign().await;
+                return Err(Exit(128 + signal as u8).into());
+            }
+        };
+        let token = leadership.token();
+        note(
+            &name,
+            format_args!("elected with token {token}; starting command"),
+        );
+        let mut child = match spawn_guard(&args.command, &name, &id, token) {
+            Ok(child) => child,
+            Err(error) => {
+                leadership.resign().await;
+                candidacy.resign().await;
+                return Err(error);
+            }
+        };
+        let group = child.id().map(|pid| pid as i32);
+        match supervise(&mut child, &leadership, &mut signals, &mut cont).await {
+            Outcome::ChildExited(code) => {
+                kill_group(group, libc::SIGKILL);
+                note(
+                    &name,
+                    format_args!("command exited with code {code}; resigning"),
+                );
+                leadership.resign().await;
+                candidacy.resign().await;
+                return if code == 0 {
+                    Ok(())
+                } else {
+                    Err(Exit(code).into())
+                };
+            }
+            Outcome::Stopped(signal) => {
+                note(
+                    &name,
+                    format_args!("stopping on signal {signal}; stopping command, then resigning"),
+                );
+                stop_child(&mut child, group, &leadership, args.grace, false).await;
+                leadership.resign().await;
+                candidacy.resign().await;
+                return Err(Exit(128 + signal as u8).into());
+            }
+            Outcome::Lost(reason) => {
+                // A deleted key means a rival may win right now: no grace at all. Otherwise
+                // SIGTERM first, SIGKILL at the grace or the local deadline, whichever is first.
+                let immediate = reason == LossReason::KeyDeleted;
+                note(
+                    &name,
+                    format_args!("leadership lost ({reason}); stopping command"),
+                );
+                stop_child(&mut child, group, &leadership, args.grace, immediate).await;
+                drop(leadership);
+                if !args.requeue {
+                    candidacy.resign().await;
+                    return Err(Exit(EXIT_LOST).into());
+                }
+                note(&name, format_args!("campaigning again"));
+            }
+        }
+    }
+}
+
+async fn supervise(
+    child: &mut Child,
+    leadership: &Leadership,
+    signals: &mut Signals,
+    cont: &mut Signal,
+) -> Outcome {
+    loop {
+        tokio::select! {
+            biased;
+            // After a pause (SIGSTOP/SIGCONT of us or the whole host) look at the deadline
+            // first thing, before anything else gets to run.
+            _ = cont.recv() => {
+                if !leadership.is_leading() {
+                    return Outcome::Lost(LossReason::LeaseExpired);
+                }
+            }
+            reason = leadership.lost() => return Outcome::Lost(reason),
+            status = child.wait() => {
+                let code = match status {
+                    Ok(status) => match (status.code(), status.signal()) {
+                        (Some(code), _) => code as u8,
+                        (None, Some(signal)) => 128 + signal as u8,
+                        (None, None) => 1,
+                    },
+                    Err(_) => 1,
+                };
+                return Outcome::ChildExited(code);
+            }
+            signal = signals.stop() => return Outcome::Stopped(signal),
+        }
+    }
+}
+
+fn spawn_guard(
+    command: &[OsString],
+    election: &str,
+    id: &str,
+    token: u64,
+) -> anyhow::Result<Child> {
+    let me = std::env::current_exe().context("finding the baton executable")?;
+    let mut guard = Command::new(me);
+    guard
+        .arg("__guard")
+        .arg("--")
+        .args(command)
+        .env("BATON_ELECTION", election)
+        .env("BATON_ID", id)
+        .env("BATON_TOKEN", token.to_string())
+        .env("BATON_SUPERVISOR_PID", std::process::id().to_string())
+        .process_group(0)
+        .kill_on_drop(true);
+    guard.spawn().context("starting the command")
+}
+
+fn kill_group(group: Option<i32>, signal: libc::c_int) {
+    if let Some(group) = group.filter(|&g| g > 0) {
+        // SAFETY: kill has no memory-safety preconditions; a negative pid names a group.
+        unsafe {
+            libc::kill(-group, signal);
+        }
+    }
+}
+
+/// Stops the child's whole group: SIGKILL at once when `immediate`, else SIGTERM and SIGKILL at
+/// the grace or the local deadline, whichever comes first.
+async fn stop_child(
+    child: &mut Child,
+    group: Option<i32>,
+    leadership: &Leadership,
+    grace: Duration,
+    immediate: bool,
+) {
+    let now = Instant::now();
+    let deadline = leadership.deadline().unwrap_or(now);
+    let kill_at = if immediate {
+        now
+    } else {
+        (now + grace).min(deadline)
+    };
+    if kill_at > now {
+        kill_group(group, libc::SIGTERM);
+        tokio::select! {
+            _ = child.wait() => {}
+            _ = tokio::time::sleep_until(kill_at) => {}
+            _ = leadership.lost(), if !immediate => {
+                // Lost while stopping: kill at once if the deadline itself has passed.
+                if !leadership.is_leading() {
+                    kill_group(group, libc::SIGKILL);
+                }
+                tokio::select! {
+                    _ = child.wait() => {}
+                    _ = tokio::time::sleep_until(kill_at) => {}
+                }
+            }
+        }
+    }
+    // Whatever is left of the group, CMD's children included, dies now.
+    kill_group(group, libc::SIGKILL);
+    let _ = child.wait().await;
+}
