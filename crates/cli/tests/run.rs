@@ -1,0 +1,472 @@
+//! `baton run` as real processes against a real etcd (started by `scripts/test`): kill -9,
+//! SIGSTOP longer than the TTL, SIGTERM handoff, loss, bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn etcd() -> String {
+    std::env::var("BATON_TEST_ETCD").expect(
+        "BATON_TEST_ETCD is not set: run the tests with scripts/test, which starts a private etcd",
+    )
+}
+
+fn url() -> String {
+    format!("etcd://{}/baton-cli-test", etcd())
+}
+
+fn baton() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
+    command.env_remove("BATON_BACKEND");
+    command.env_remove("BATON_ELECTION");
+    command.env_remove("BATON_ID");
+    command
+}
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique(&format!("baton-{name}")));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Waits until `check` returns `Some`, failing after `limit`.
+fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn read_number(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Whether a process exists and is not a zombie.
+fn alive(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        }
+        Err(_) => false,
+    }
+}
+
+fn process_group(pid: u64) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = stat.rsplit(')').next().unwrap();
+    // Fields after the command: state ppid pgrp ...
+    after.split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
+fn signal(pid: i32, signal: libc::c_int) {
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+/// One `baton run` whose child records its pid, token and a grandchild's pid in `dir`.
+struct Runner {
+    child: Child,
+    dir: PathBuf,
+    name: &'static str,
+}
+
+impl Runner {
+    fn start(election: &str, ttl: &str, dir: &Path, name: &'static str) -> Runner {
+        let script = format!(
+            "echo $BATON_TOKEN > {d}/{n}.token.tmp; mv {d}/{n}.token.tmp {d}/{n}.token; \
+             sleep 1000 & echo $! > {d}/{n}.grandchild; echo $$ > {d}/{n}.pid; wait",
+            d = dir.display(),
+            n = name
+        );
+        let stderr = std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap();
+        let child = baton()
+            .args([
+                "run",
+                "--backend",
+                &url(),
+                "--election",
+                election,
+                "--ttl",
+                ttl,
+            ])
+            .args(["--id", name, "--grace", "1s", "--", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        Runner {
+            child,
+            dir: dir.to_path_buf(),
+            name,
+        }
+    }
+
+    fn token(&self) -> Option<u64> {
+        read_number(&self.dir.join(format!("{}.token", self.name)))
+    }
+
+    fn child_pid(&self) -> Option<u64> {
+        read_number(&self.dir.join(format!("{}.pid", self.name)))
+    }
+
+    fn grandchild_pid(&self) -> Option<u64> {
+        read_number(&self.dir.join(format!("{}.grandchild", self.name)))
+    }
+
+    /// Waits until the command runs; returns its token.
+    fn wait_running(&self, limit: Duration) -> u64 {
+        wait_for(&format!("{} running", self.name), limit, || {
+            self.child_pid().and(self.token())
+        })
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{}.stderr", self.name))).unwrap_or_default()
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child_pid() {
+            if alive(pid) {
+                signal(-process_group(pid), libc::SIGKILL);
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn child_gets_its_environment_and_its_exit_code_propagates() {
+    let dir = scratch("env");
+    let election = unique("env");
+    let out = dir.join("env");
+    let status = baton()
+        .args([
+            "run",
+            "--backend",
+            &url(),
+            "--election",
+            &election,
+            "--id",
+            "me",
+            "--ttl",
+            "2s",
+        ])
+        .arg("--")
+        .args(["sh", "-c", &format!("env > {}; exit 42", out.display())])
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(42));
+    let env = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        env.contains(&format!("BATON_ELECTION={election}\n")),
+        "{env}"
+    );
+    assert!(env.contains("BATON_ID=me\n"), "{env}");
+    let token: u64 = env
+        .lines()
+        .find_map(|l| l.strip_prefix("BATON_TOKEN="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(token > 0);
+    assert!(!env.contains("BATON_SUPERVISOR_PID"));
+    // It resigned on the way out.
+    let leader = baton()
+        .args(["leader", "--backend", &url(), "--election", &election])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(leader.stdout).unwrap(),
+        format!("{{\"election\":\"{election}\",\"leader\":null}}\n")
+    );
+}
+
+#[test]
+fn kill_9_of_the_supervisor_kills_its_group_and_the_successor_takes_over() {
+    let dir = scratch("kill9");
+    let election = unique("kill9");
+    let a = Runner::start(&election, "2s", &dir, "a");
+    let a_token = a.wait_running(Duration::from_secs(5));
+    let b = Runner::start(&election, "2s", &dir, "b");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(b.token(), None, "b must not run while a leads");
+    let (a_child, a_grandchild) = (a.child_pid().unwrap(), a.grandchild_pid().unwrap());
+    signal(a.child.id() as i32, libc::SIGKILL);
+    // No orphaned leader: the command and its own children die at once.
+    wait_for("a's command dies", Duration::from_secs(1), || {
+        (!alive(a_child) && !alive(a_grandchild)).then_some(())
+    });
+    let b_token = b.wait_running(Duration::from_secs(6));
+    assert!(b_token > a_token, "{b_token} after {a_token}");
+}
+
+#[test]
+fn sigstop_longer_than_the_ttl_kills_the_stale_child_on_resume_and_fences_it() {
+    let dir = scratch("stop");
+    let election = unique("stop");
+    let a = Runner::start(&election, "2s", &dir, "a");
+    let a_token = a.wait_running(Duration::from_secs(5));
+    let b = Runner::start(&election, "2s", &dir, "b");
+    std::thread::sleep(Duration::from_millis(300));
+    let a_child = a.child_pid().unwrap();
+    let a_group = process_group(a_child);
+    let a_supervisor = a.child.id() as i32;
+    // Freeze a's whole tree (supervisor and command group) for 3 × TTL.
+    signal(a_supervisor, libc::SIGSTOP);
+    signal(-a_group, libc::SIGSTOP);
+    let b_token = b.wait_running(Duration::from_secs(6));
+    assert!(b_token > a_token);
+    std::thread::sleep(Duration::from_millis(6_000u64.saturating_sub(2_300)));
+    let resumed = Instant::now();
+    signal(-a_group, libc::SIGCONT);
+    signal(a_supervisor, libc::SIGCONT);
+    wait_for("a's stale command killed", Duration::from_secs(1), || {
+        (!alive(a_child)).then_some(())
+    });
+    let killed_after = resumed.elapsed();
+    assert!(
+        killed_after < Duration::from_millis(500),
+        "{killed_after:?}"
+    );
+    // Fencing: a write with a's old token is refused by etcd itself, b's is accepted.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let backend = baton::Backend::connect(&url()).await.unwrap();
+        let election = baton::Election::new(
+            &backend,
+            &election,
+            baton::ElectionConfig::default().with_ttl(Duration::from_secs(2)),
+        )
+        .unwrap();
+        let key = format!("/baton-cli-test-data/{}", unique("stop"));
+        let stale = election.guarded_put(a_token, &key, "a").await;
+        assert!(
+            matches!(stale, Err(baton::Error::Fenced { .. })),
+            "{stale:?}"
+        );
+        election.guarded_put(b_token, &key, "b").await.unwrap();
+        let mut fence = baton::Fence::new();
+        fence.admit(b_token).unwrap();
+        assert!(fence.admit(a_token).is_err());
+    });
+    // a's supervisor reports the loss and exits 3 (no --requeue).
+    let mut a = a;
+    let status = wait_for("a exits", Duration::from_secs(3), || {
+        a.child.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(3), "{}", a.stderr());
+    assert!(a.stderr().contains("leadership lost"), "{}", a.stderr());
+}
+
+#[test]
+fn sigterm_hands_over_to_the_successor_at_once() {
+    let dir = scratch("term");
+    let election = unique("term");
+    // A 10 s TTL: a takeover within a second can only come from the resign.
+    let a = Runner::start(&election, "10s", &dir, "a");
+    let a_token = a.wait_running(Duration::from_secs(5));
+    let b = Runner::start(&election, "10s", &dir, "b");
+    std::thread::sleep(Duration::from_millis(300));
+    let a_child = a.child_pid().unwrap();
+    let sent = Instant::now();
+    signal(a.child.id() as i32, libc::SIGTERM);
+    let b_token = b.wait_running(Duration::from_secs(1));
+    let handoff = sent.elapsed();
+    assert!(b_token > a_token);
+    assert!(!alive(a_child), "a's command must stop before b's starts");
+    assert!(handoff < Duration::from_secs(1), "{handoff:?}");
+    let mut a = a;
+    let status = a.child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{}", a.stderr());
+}
+
+#[test]
+fn deleted_leader_key_kills_the_command_and_exits_3() {
+    let dir = scratch("deleted");
+    let election = unique("deleted");
+    let mut a = Runner::start(&election, "2s", &dir, "a");
+    a.wait_running(Duration::from_secs(5));
+    let a_child = a.child_pid().unwrap();
+    let status = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "--endpoints",
+            &etcd(),
+            "del",
+            "--prefix",
+            &format!("/baton-cli-test/{election}/"),
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    wait_for("command killed", Duration::from_secs(1), || {
+        (!alive(a_child)).then_some(())
+    });
+    let status = wait_for("a exits", Duration::from_secs(2), || {
+        a.child.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(3));
+    assert!(a.stderr().contains("leader key deleted"), "{}", a.stderr());
+}
+
+#[test]
+fn observe_prints_the_current_state_then_each_change() {
+    let dir = scratch("observe");
+    let election = unique("observe");
+    let out = std::fs::File::create(dir.join("observe.out")).unwrap();
+    let mut observer = baton()
+        .args(["observe", "--backend", &url(), "--election", &election])
+        .stdout(out)
+        .spawn()
+        .unwrap();
+    let lines = || std::fs::read_to_string(dir.join("observe.out")).unwrap_or_default();
+    wait_for("initial line", Duration::from_secs(3), || {
+        (!lines().is_empty()).then_some(())
+    });
+    let status = baton()
+        .args([
+            "run",
+            "--backend",
+            &url(),
+            "--election",
+            &election,
+            "--id",
+            "x",
+            "--ttl",
+            "2s",
+        ])
+        .args(["--", "sleep", "0.3"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let text = wait_for("three lines", Duration::from_secs(3), || {
+        let text = lines();
+        (text.lines().count() >= 3).then_some(text)
+    });
+    let got: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        got[0],
+        serde_json::json!({"election": election, "leader": null})
+    );
+    assert_eq!(got[1]["leader"]["id"], "x");
+    assert!(got[1]["leader"]["token"].as_u64().unwrap() > 0);
+    assert_eq!(
+        got[2],
+        serde_json::json!({"election": election, "leader": null})
+    );
+    observer.kill().unwrap();
+    observer.wait().unwrap();
+}
+
+#[test]
+fn bad_input_gets_one_line_and_exit_code_2() {
+    let cases: Vec<Vec<String>> = vec![
+        vec![
+            "run".into(),
+            "--backend".into(),
+            "nope://x:1".into(),
+            "--election".into(),
+            "e".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--backend".into(),
+            "etcd://127.0.0.1:1/x".into(),
+            "--election".into(),
+            "e".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--backend".into(),
+            url(),
+            "--election".into(),
+            "e".into(),
+            "--ttl".into(),
+            "10".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--backend".into(),
+            url(),
+            "--election".into(),
+            "e".into(),
+            "--ttl".into(),
+            "0s".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--backend".into(),
+            url(),
+            "--election".into(),
+            "e".into(),
+        ],
+        vec![
+            "run".into(),
+            "--backend".into(),
+            url(),
+            "--election".into(),
+            "a/b".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--backend".into(),
+            url(),
+            "--election".into(),
+            "e".into(),
+            "--grace".into(),
+            "soon".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "leader".into(),
+            "--backend".into(),
+            "etcd://127.0.0.1".into(),
+            "--election".into(),
+            "e".into(),
+        ],
+        vec!["observe".into(), "--election".into(), "e".into()],
+        vec!["frobnicate".into()],
+    ];
+    for args in cases {
+        let output = baton().args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with("baton: error: "), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
