@@ -17,16 +17,16 @@ impl Clock {
     }
 
     /// Now, for the cores.
-    pub(crate) fn now(&self) -> Instant {
+    pub(crate) fn now(self) -> Instant {
         self.to_core(tokio::time::Instant::now())
     }
 
-    pub(crate) fn to_core(&self, at: tokio::time::Instant) -> Instant {
+    pub(crate) fn to_core(self, at: tokio::time::Instant) -> Instant {
         let nanos = at.saturating_duration_since(self.origin).as_nanos();
         Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
-    pub(crate) fn to_tokio(&self, at: Instant) -> tokio::time::Instant {
+    pub(crate) fn to_tokio(self, at: Instant) -> tokio::time::Instant {
         self.origin + at.since_origin()
     }
 }

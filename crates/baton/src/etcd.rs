@@ -593,6 +593,8 @@ enum Wake {
     LeaseOver,
     Deleted(Vec<u8>, i64),
     WatchBroken,
+    /// Nobody is waiting for a leadership any more (the campaign future was dropped).
+    Abandoned,
 }
 
 impl CandidateDriver {
@@ -626,6 +628,7 @@ impl CandidateDriver {
                     }
                 }
                 Wake::WatchBroken => self.recheck().await,
+                Wake::Abandoned => self.core.resign(),
             }
         }
         // Drain the last actions (the DeleteKey of a resign) before acknowledging.
@@ -685,11 +688,22 @@ impl CandidateDriver {
                 }
             }
         };
+        // While not leading, a dropped `Candidacy` (or campaign future) means nobody will ever
+        // take the leadership: leave the queue instead of occupying a place in it.
+        let leaderships = self.leaderships.clone();
+        let leading = self.status.is_some();
+        let abandoned = async {
+            if leading {
+                std::future::pending::<()>().await;
+            }
+            leaderships.closed().await;
+        };
         tokio::select! {
             biased;
             command = commands.recv() => Wake::Command(command),
             _ = lease_over => Wake::LeaseOver,
             wake = deleted => wake,
+            _ = abandoned => Wake::Abandoned,
         }
     }
 

@@ -104,3 +104,8 @@ async fn unreachable_server_is_a_clear_error() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn abandoned_campaign_leaves_the_queue() {
+    check_abandoned_campaign_leaves_the_queue(&url()).await;
+}

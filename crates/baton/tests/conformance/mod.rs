@@ -288,3 +288,19 @@ pub async fn check_one_resign_wakes_exactly_one_waiter(url: &str, waiters: usize
         task.abort();
     }
 }
+
+pub async fn check_abandoned_campaign_leaves_the_queue(url: &str) {
+    let a_backend = Backend::connect(url).await.unwrap();
+    let b_backend = Backend::connect(url).await.unwrap();
+    let name = unique("abandoned");
+    let a = Election::new(&a_backend, &name, config()).unwrap();
+    let b = Election::new(&b_backend, &name, config()).unwrap();
+    let a_lead = a.campaign("a").await.unwrap();
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), b.campaign("b")).await;
+    assert!(gave_up.is_err(), "b cannot win while a leads");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    a_lead.resign().await;
+    // b left the queue when its campaign was dropped, so nobody leads now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(a.leader().await.unwrap(), None);
+}
