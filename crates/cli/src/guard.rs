@@ -1,14 +1,21 @@
 //! The process-group guard: the one process `baton run` starts directly.
 //!
-//! `baton run` starts `baton __guard -- CMD ARGS` as the leader of a new process group. The
-//! guard arranges to be told when its parent dies (`PR_SET_PDEATHSIG`), then starts CMD in the
-//! same group and waits for it. If the supervisor dies, even by SIGKILL, the guard's signal
+//! `baton run` starts `baton __guard -- CMD ARGS` as the leader of a new process group *while
+//! it campaigns*, so that the guard's own start-up is off the handoff's critical path. The guard
+//! arranges to be told when its parent dies (`PR_SET_PDEATHSIG`), then waits on its control pipe
+//! (file descriptor 3) for the fencing token. When the token arrives it starts CMD in the same
+//! group with `BATON_TOKEN` set and waits for it; if the pipe closes first it exits quietly. If the supervisor dies, even by SIGKILL, the guard's signal
 //! handler SIGKILLs the whole group, CMD's own children included, so no orphaned leader can go on
 //! acting. The guard ignores a plain SIGTERM to the group (CMD gets it and decides) so that it
 //! can report CMD's exit status, which `baton run` propagates.
 
+use std::io::BufRead;
+use std::os::fd::FromRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
+
+/// The control pipe's file descriptor, set up by `baton run`.
+pub const CONTROL_FD: i32 = 3;
 
 /// The signal the kernel sends the guard when its parent dies.
 const PARENT_DEATH_SIGNAL: libc::c_int = libc::SIGUSR1;
@@ -55,8 +62,19 @@ pub fn main(command: &[std::ffi::OsString]) -> ! {
         eprintln!("baton: error: __guard needs a command");
         std::process::exit(2);
     };
+    // SAFETY: `baton run` hands us fd 3 as the read end of the control pipe and nothing else
+    // in this process owns it. Dropping the reader closes it, so CMD does not inherit it.
+    let control = unsafe { std::fs::File::from_raw_fd(CONTROL_FD) };
+    let mut line = String::new();
+    let read = std::io::BufReader::new(control).read_line(&mut line);
+    let token = match (read, line.trim().parse::<u64>()) {
+        (Ok(_), Ok(token)) => token,
+        // The supervisor stopped before winning (or died): nothing to run.
+        _ => std::process::exit(0),
+    };
     let status = Command::new(program)
         .args(args)
+        .env("BATON_TOKEN", token.to_string())
         .env_remove("BATON_SUPERVISOR_PID")
         .status();
     match status {

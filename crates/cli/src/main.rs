@@ -4,6 +4,7 @@
 //! (flags, durations, URLs, an unreachable backend); 3 when leadership was lost and `--requeue`
 //! was not given; 128+N after stopping on signal N; 1 for other runtime failures.
 
+mod bench;
 mod guard;
 mod run;
 
@@ -41,6 +42,8 @@ enum Command {
     Leader(Target),
     /// Print the leader as JSON, then one line per change.
     Observe(Target),
+    /// Measure handoff, failover, herd behaviour, lease sharing and memory against a backend.
+    Bench(bench::BenchArgs),
     /// Internal: the process-group guard started by `baton run`.
     #[command(name = "__guard", hide = true)]
     Guard {
@@ -185,6 +188,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Run(args) => run::run(args).await,
         Command::Leader(target) => leader(target).await,
         Command::Observe(target) => observe(target).await,
+        Command::Bench(args) => bench::bench(args).await,
         Command::Guard { .. } => unreachable!("handled before the runtime starts"),
     }
 }

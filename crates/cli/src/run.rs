@@ -15,7 +15,8 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
-use crate::{open_election, Exit, EXIT_LOST};
+use crate::{guard, open_election, Exit, EXIT_LOST};
+use std::os::fd::AsRawFd;
 
 /// Flags of `baton run`.
 #[derive(Debug, Args)]
@@ -118,6 +119,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut candidacy = election.candidacy(&id)?;
     note(&name, format_args!("campaigning as {id:?}"));
     loop {
+        // Start the guard while campaigning, so that winning only costs starting CMD.
+        let standby = Standby::spawn(&args.command, &name, &id)?;
         let leadership = tokio::select! {
             leadership = candidacy.next() => leadership.context("campaigning")?,
             signal = signals.stop() => {
@@ -130,7 +133,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             &name,
             format_args!("elected with token {token}; starting command"),
         );
-        let mut child = match spawn_guard(&args.command, &name, &id, token) {
+        let mut child = match standby.start(token) {
             Ok(child) => child,
             Err(error) => {
                 leadership.resign().await;
@@ -217,25 +220,69 @@ async fn supervise(
     }
 }
 
-fn spawn_guard(
-    command: &[OsString],
-    election: &str,
-    id: &str,
-    token: u64,
-) -> anyhow::Result<Child> {
-    let me = std::env::current_exe().context("finding the baton executable")?;
-    let mut guard = Command::new(me);
-    guard
-        .arg("__guard")
-        .arg("--")
-        .args(command)
-        .env("BATON_ELECTION", election)
-        .env("BATON_ID", id)
-        .env("BATON_TOKEN", token.to_string())
-        .env("BATON_SUPERVISOR_PID", std::process::id().to_string())
-        .process_group(0)
-        .kill_on_drop(true);
-    guard.spawn().context("starting the command")
+/// A guard started ahead of time, waiting for its token on the control pipe.
+struct Standby {
+    child: Child,
+    control: std::fs::File,
+}
+
+impl Standby {
+    /// Starts the guard for `command`; it waits until [`Standby::start`].
+    fn spawn(command: &[OsString], election: &str, id: &str) -> anyhow::Result<Standby> {
+        let me = std::env::current_exe().context("finding the baton executable")?;
+        let (read_end, write_end) = pipe().context("creating the guard's control pipe")?;
+        let read_fd = read_end.as_raw_fd();
+        let mut guard = Command::new(me);
+        guard
+            .arg("__guard")
+            .arg("--")
+            .args(command)
+            .env("BATON_ELECTION", election)
+            .env("BATON_ID", id)
+            .env("BATON_SUPERVISOR_PID", std::process::id().to_string())
+            .process_group(0)
+            .kill_on_drop(true);
+        // SAFETY: between fork and exec we only call dup2, which is async-signal-safe. dup2
+        // leaves the new descriptor without close-on-exec, so the guard inherits it as fd 3.
+        unsafe {
+            guard.pre_exec(move || {
+                if libc::dup2(read_fd, guard::CONTROL_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = guard.spawn().context("starting the command's guard")?;
+        drop(read_end);
+        Ok(Standby {
+            child,
+            control: write_end,
+        })
+    }
+
+    /// Hands the guard its token: it starts CMD at once.
+    fn start(mut self, token: u64) -> anyhow::Result<Child> {
+        use std::io::Write;
+        writeln!(self.control, "{token}").context("starting the command (its guard is gone)")?;
+        Ok(self.child)
+    }
+}
+
+/// A pipe whose both ends are close-on-exec.
+fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::fs::File)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array we own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nothing else.
+    unsafe {
+        Ok((
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        ))
+    }
 }
 
 fn kill_group(group: Option<i32>, signal: libc::c_int) {

@@ -1,0 +1,445 @@
+//! `baton bench`: the headline measurements, against a real backend.
+//!
+//! Process-level figures (handoff, failover, RSS) start real `baton run` supervisors of this
+//! same binary; each command announces itself through a FIFO, so "successor's command running"
+//! is timed when its first line arrives. Request-level figures (herd, elections) use the
+//! library in this process and count requests on the client side.
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use baton::{parse_duration, Backend, Election, ElectionConfig};
+use clap::{Args, Subcommand};
+
+use crate::UsageError;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: BenchKind,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchKind {
+    /// Graceful handoff: SIGTERM to the leader's `baton run` → successor's command running.
+    Handoff(ProcessArgs),
+    /// Crash failover: kill -9 of the leader's `baton run` → successor's command running.
+    Failover(ProcessArgs),
+    /// Requests, watch events and wake-ups per handoff with many waiters.
+    Herd(HerdArgs),
+    /// Renewal traffic and memory of one process holding many elections on one lease.
+    Elections(ElectionsArgs),
+    /// Resident memory of `baton run` and its guard while the command runs.
+    Rss(Common),
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    /// Backend URL.
+    #[arg(long, env = "BATON_BACKEND")]
+    backend: String,
+}
+
+#[derive(Debug, Args)]
+struct ProcessArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Number of handoffs to measure.
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    /// Lease TTL of the candidates.
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    ttl: Duration,
+}
+
+#[derive(Debug, Args)]
+struct HerdArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Waiting candidates, each with its own connection and lease.
+    #[arg(long, default_value_t = 50)]
+    waiters: usize,
+    /// Handoffs to measure.
+    #[arg(long, default_value_t = 10)]
+    rounds: usize,
+}
+
+#[derive(Debug, Args)]
+struct ElectionsArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Comma-separated numbers of elections to hold at once.
+    #[arg(long, default_value = "1,100,1000")]
+    counts: String,
+    /// How long to measure each count.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    window: Duration,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|error| error.to_string())
+}
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("bench-{name}-{}-{nanos}", std::process::id())
+}
+
+pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    match args.what {
+        BenchKind::Handoff(args) => processes(args, libc::SIGTERM, "graceful handoff").await,
+        BenchKind::Failover(args) => processes(args, libc::SIGKILL, "crash failover").await,
+        BenchKind::Herd(args) => herd(args).await,
+        BenchKind::Elections(args) => elections(args).await,
+        BenchKind::Rss(args) => rss(args).await,
+    }
+}
+
+/// Summary statistics of a sample, in milliseconds.
+fn summary(label: &str, samples: &mut [Duration]) {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "{label}: n={} median={:.2}ms p90={:.2}ms min={:.2}ms max={:.2}ms",
+        samples.len(),
+        ms(at(0.5)),
+        ms(at(0.9)),
+        ms(samples[0]),
+        ms(samples[samples.len() - 1]),
+    );
+}
+
+/// One `baton run` whose command writes its token into a FIFO when it starts.
+struct Runner {
+    child: Child,
+    fifo: PathBuf,
+    started: mpsc::Receiver<(Instant, u64)>,
+}
+
+impl Runner {
+    fn start(
+        url: &str,
+        election: &str,
+        ttl: Duration,
+        dir: &Path,
+        name: &str,
+    ) -> anyhow::Result<Runner> {
+        let fifo = dir.join(format!("{name}.fifo"));
+        let path = CString::new(fifo.to_string_lossy().as_bytes())?;
+        // SAFETY: mkfifo reads a valid NUL-terminated path.
+        if unsafe { libc::mkfifo(path.as_ptr(), 0o600) } != 0 {
+            bail!(
+                "cannot create fifo {}: {}",
+                fifo.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        let (tx, started) = mpsc::channel();
+        let reader_path = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let Ok(file) = std::fs::File::open(&reader_path) else {
+                return;
+            };
+            let mut line = String::new();
+            if std::io::BufReader::new(file).read_line(&mut line).is_ok() {
+                let at = Instant::now();
+                if let Ok(token) = line.trim().parse() {
+                    let _ = tx.send((at, token));
+                }
+            }
+        });
+        let script = format!(
+            "echo $BATON_TOKEN > '{}'; exec sleep 100000",
+            fifo.display()
+        );
+        let me = std::env::current_exe()?;
+        let child = Command::new(me)
+            .args([
+                "run",
+                "--backend",
+                url,
+                "--election",
+                election,
+                "--id",
+                name,
+            ])
+            .args([
+                "--ttl",
+                &baton::format_duration(ttl),
+                "--grace",
+                "1s",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting baton run")?;
+        Ok(Runner {
+            child,
+            fifo,
+            started,
+        })
+    }
+
+    fn wait_started(&self, limit: Duration) -> anyhow::Result<(Instant, u64)> {
+        self.started.recv_timeout(limit).with_context(|| {
+            format!(
+                "command of {} did not start within {limit:?}",
+                self.fifo.display()
+            )
+        })
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe {
+            libc::kill(self.child.id() as i32, signal);
+        }
+    }
+
+    fn stop(mut self) {
+        self.signal(libc::SIGTERM);
+        let _ = self.child.wait();
+        // Unblock the reader thread if the command never started.
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags_nonblock()
+            .open(&self.fifo);
+    }
+}
+
+trait NonBlock {
+    fn custom_flags_nonblock(&mut self) -> &mut Self;
+}
+
+impl NonBlock for std::fs::OpenOptions {
+    fn custom_flags_nonblock(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_NONBLOCK)
+    }
+}
+
+async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyhow::Result<()> {
+    if args.rounds == 0 {
+        return Err(UsageError("--rounds must be at least 1".into()).into());
+    }
+    // Fail fast, with the usual message, if the backend is unreachable.
+    Backend::connect(&args.common.backend).await?;
+    let dir = std::env::temp_dir().join(unique("fifos"));
+    std::fs::create_dir_all(&dir)?;
+    let election = unique(if signal == libc::SIGKILL {
+        "failover"
+    } else {
+        "handoff"
+    });
+    let url = args.common.backend.clone();
+    let ttl = args.ttl;
+    let rounds = args.rounds;
+    let samples = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Duration>> {
+        let mut samples = Vec::new();
+        let mut leader = Runner::start(&url, &election, ttl, &dir, "r0")?;
+        let (_, mut last_token) = leader.wait_started(Duration::from_secs(10))?;
+        for round in 1..=rounds {
+            let waiter = Runner::start(&url, &election, ttl, &dir, &format!("r{round}"))?;
+            // Let the waiter queue up behind the leader.
+            std::thread::sleep(Duration::from_millis(300));
+            let sent = Instant::now();
+            leader.signal(signal);
+            let (started, token) = waiter.wait_started(ttl * 3 + Duration::from_secs(5))?;
+            if token <= last_token {
+                bail!("token did not increase: {token} after {last_token}");
+            }
+            last_token = token;
+            samples.push(started.duration_since(sent));
+            leader.stop();
+            leader = waiter;
+        }
+        leader.stop();
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(samples)
+    })
+    .await??;
+    let mut samples = samples;
+    summary(
+        &format!("{label} (ttl {})", baton::format_duration(ttl)),
+        &mut samples,
+    );
+    Ok(())
+}
+
+async fn herd(args: HerdArgs) -> anyhow::Result<()> {
+    if args.rounds == 0 || args.rounds > args.waiters {
+        return Err(UsageError("--rounds must be between 1 and --waiters".into()).into());
+    }
+    let config = ElectionConfig::default().with_ttl(Duration::from_secs(30));
+    let name = unique("herd");
+    let (tx, mut elected) = tokio::sync::mpsc::channel(args.waiters + 1);
+    let mut backends = Vec::new();
+    let first = Backend::connect(&args.common.backend).await?;
+    let mut current = Election::new(&first, &name, config.clone())?
+        .campaign("leader")
+        .await?;
+    backends.push(first);
+    for i in 0..args.waiters {
+        let backend = Backend::connect(&args.common.backend).await?;
+        let election = Election::new(&backend, &name, config.clone())?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            if let Ok(leadership) = election.campaign(&format!("w{i}")).await {
+                let _ = tx.send(leadership).await;
+            }
+        });
+        backends.push(backend);
+    }
+    // Let every waiter queue.
+    tokio::time::sleep(Duration::from_millis(500 + 5 * args.waiters as u64)).await;
+    let totals = |backends: &[Backend]| {
+        backends
+            .iter()
+            .map(Backend::stats)
+            .fold((0, 0, 0), |acc, s| {
+                (
+                    acc.0 + s.requests,
+                    acc.1 + s.watch_events,
+                    acc.2 + s.wakeups,
+                )
+            })
+    };
+    let mut latencies = Vec::new();
+    let (mut requests, mut events, mut wakeups) = (0, 0, 0);
+    for _ in 0..args.rounds {
+        let before = totals(&backends);
+        let started = Instant::now();
+        current.resign().await;
+        current = tokio::time::timeout(Duration::from_secs(10), elected.recv())
+            .await
+            .context("no successor within 10s")?
+            .context("campaigns ended")?;
+        latencies.push(started.elapsed());
+        // Let stray traffic (if any) arrive before counting.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let after = totals(&backends);
+        requests += after.0 - before.0;
+        events += after.1 - before.1;
+        wakeups += after.2 - before.2;
+    }
+    let rounds = args.rounds as f64;
+    println!(
+        "herd ({} waiters): per handoff {:.1} requests, {:.1} watch events, {:.1} waiters woken",
+        args.waiters,
+        requests as f64 / rounds,
+        events as f64 / rounds,
+        wakeups as f64 / rounds
+    );
+    summary(
+        &format!("in-process handoff ({} waiters)", args.waiters),
+        &mut latencies,
+    );
+    current.resign().await;
+    for backend in &backends {
+        backend.close().await;
+    }
+    Ok(())
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+async fn elections(args: ElectionsArgs) -> anyhow::Result<()> {
+    let counts: Vec<usize> = args
+        .counts
+        .split(',')
+        .map(|c| c.trim().parse())
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            UsageError(format!(
+                "--counts {:?} is not a list of numbers",
+                args.counts
+            ))
+        })?;
+    let config = ElectionConfig::default().with_ttl(Duration::from_secs(2));
+    for count in counts {
+        let backend = Backend::connect(&args.common.backend).await?;
+        let mut held = Vec::with_capacity(count);
+        let started = Instant::now();
+        for i in 0..count {
+            let election = Election::new(&backend, &unique(&format!("many{i}")), config.clone())?;
+            held.push(election.campaign("holder").await?);
+        }
+        let campaign_time = started.elapsed();
+        let before = backend.stats();
+        tokio::time::sleep(args.window).await;
+        let after = backend.stats();
+        let seconds = args.window.as_secs_f64();
+        let leading = held.iter().filter(|l| l.is_leading()).count();
+        println!(
+            "elections={count}: still leading {leading}, renewals/s {:.2}, other requests/s {:.2}, campaigns took {:.0}ms, process RSS {} KiB",
+            (after.renewals - before.renewals) as f64 / seconds,
+            (after.requests - before.requests) as f64 / seconds,
+            campaign_time.as_secs_f64() * 1000.0,
+            rss_kib(std::process::id()).unwrap_or(0)
+        );
+        for leadership in held {
+            leadership.resign().await;
+        }
+        backend.close().await;
+    }
+    Ok(())
+}
+
+async fn rss(args: Common) -> anyhow::Result<()> {
+    Backend::connect(&args.backend).await?;
+    let dir = std::env::temp_dir().join(unique("rss"));
+    std::fs::create_dir_all(&dir)?;
+    let election = unique("rss");
+    let runner = Runner::start(
+        &args.backend,
+        &election,
+        Duration::from_secs(10),
+        &dir,
+        "rss",
+    )?;
+    let started = tokio::task::spawn_blocking(move || {
+        let result = runner.wait_started(Duration::from_secs(10));
+        (runner, result)
+    })
+    .await?;
+    let (runner, result) = started;
+    result?;
+    // Let renewals settle into their steady state.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let supervisor = runner.child.id();
+    let guard = std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
+        .ok()
+        .and_then(|c| {
+            c.split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u32>().ok())
+        });
+    println!(
+        "baton run RSS: supervisor {} KiB, guard {} KiB",
+        rss_kib(supervisor).unwrap_or(0),
+        guard.and_then(rss_kib).unwrap_or(0)
+    );
+    runner.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
