@@ -126,9 +126,10 @@ impl EtcdBackend {
         };
         let options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
-            // HTTP/2 pings notice a dead connection (partition, crashed member) in about a
-            // second, so watches and renewals move to another endpoint quickly.
-            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
+            // HTTP/2 pings notice a dead connection (partition, crashed member) within a few
+            // seconds, so watches and renewals move to another endpoint. Safety never waits for
+            // this: the local deadline ends leadership on its own.
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(3))
             .with_keep_alive_while_idle(true);
         let connect = Client::connect(&endpoints, Some(options));
         let mut client = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
@@ -273,11 +274,12 @@ impl EtcdBackend {
                     last = Some(current);
                 }
                 match backend
-                    .follow(&prefix, &mut members, &mut revision, &tx)
+                    .follow(&prefix, &mut members, &mut revision, &mut last, &tx)
                     .await
                 {
                     Ok(()) => return,
-                    Err(_) => {
+                    Err(error) => {
+                        tracing::debug!(%error, "observer watch broke; resynchronising");
                         // Connection trouble or compaction: resynchronise from a fresh snapshot
                         // (level-triggered: the current state is what matters).
                         tokio::time::sleep(RETRY_PAUSE).await;
@@ -325,6 +327,7 @@ impl EtcdBackend {
         prefix: &str,
         members: &mut BTreeMap<i64, String>,
         revision: &mut i64,
+        last: &mut Option<Option<LeaderInfo>>,
         tx: &mpsc::Sender<Result<Option<LeaderInfo>>>,
     ) -> Result<()> {
         let mut client = self.client.clone();
@@ -333,7 +336,6 @@ impl EtcdBackend {
             .with_prev_key()
             .with_start_revision(*revision + 1);
         let mut stream = request(&self.stats, "watch", client.watch(prefix, Some(options))).await?;
-        let mut last = leader_of(members);
         loop {
             let message = tokio::select! {
                 message = stream.message() => message,
@@ -366,11 +368,11 @@ impl EtcdBackend {
                 }
             }
             let current = leader_of(members);
-            if current != last {
+            if last.as_ref() != Some(&current) {
                 if tx.send(Ok(current.clone())).await.is_err() {
                     return Ok(());
                 }
-                last = current;
+                *last = Some(current);
             }
         }
     }
