@@ -4,5 +4,9 @@
 //! seeded generator and a virtual clock, and the same seed gives byte-identical output.
 #![warn(missing_docs)]
 
+pub mod checker;
 pub mod model;
 pub mod rng;
+pub mod run;
+pub mod scenario;
+pub mod sim;

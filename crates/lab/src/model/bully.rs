@@ -119,6 +119,9 @@ pub struct BullyNode {
     role: Role,
     /// The highest election epoch heard of; a new coordinator takes one more.
     epoch: u64,
+    /// While coordinator: the epoch it was elected in, its token. Epochs heard of later do
+    /// not change it.
+    token: u64,
     actions: VecDeque<Action>,
 }
 
@@ -138,6 +141,7 @@ impl BullyNode {
                 last_heard: Instant::ZERO,
             },
             epoch: 0,
+            token: 0,
             actions: VecDeque::new(),
         }
     }
@@ -199,7 +203,7 @@ impl BullyNode {
                     self.role = Role::Leader {
                         next_heartbeat: now + self.config.heartbeat_interval,
                     };
-                    self.broadcast(Message::Heartbeat { epoch: self.epoch });
+                    self.broadcast(Message::Heartbeat { epoch: self.token });
                 }
             }
         }
@@ -223,7 +227,7 @@ impl BullyNode {
 
     /// The token while coordinator.
     pub fn leader_epoch(&self) -> Option<u64> {
-        matches!(self.role, Role::Leader { .. }).then_some(self.epoch)
+        matches!(self.role, Role::Leader { .. }).then_some(self.token)
     }
 
     // Message handlers.
@@ -235,7 +239,7 @@ impl BullyNode {
         }
         self.send(from, Message::Answer);
         match self.role {
-            Role::Leader { .. } => self.send(from, Message::Coordinator { epoch: self.epoch }),
+            Role::Leader { .. } => self.send(from, Message::Coordinator { epoch: self.token }),
             Role::Follower { .. } => self.start_election(now),
             Role::Electing { .. } | Role::AwaitingCoordinator { .. } => {}
         }
@@ -255,7 +259,7 @@ impl BullyNode {
             self.become_follower(now, from);
         } else if matches!(self.role, Role::Leader { .. }) {
             // A lower node thinks it leads: remind it.
-            self.send(from, Message::Coordinator { epoch: self.epoch });
+            self.send(from, Message::Coordinator { epoch: self.token });
         } else {
             // Bully: a lower coordinator while we are alive; take over.
             self.start_election(now);
@@ -267,7 +271,7 @@ impl BullyNode {
         if from > self.id {
             self.become_follower(now, from);
         } else if matches!(self.role, Role::Leader { .. }) {
-            self.send(from, Message::Coordinator { epoch: self.epoch });
+            self.send(from, Message::Coordinator { epoch: self.token });
         } else if matches!(self.role, Role::Follower { .. }) {
             self.start_election(now);
         }
@@ -296,6 +300,7 @@ impl BullyNode {
         let before = self.epoch;
         self.epoch += 1;
         assert!(self.epoch > before, "a new coordinator's epoch increases");
+        self.token = self.epoch;
         self.role = Role::Leader {
             next_heartbeat: now + self.config.heartbeat_interval,
         };

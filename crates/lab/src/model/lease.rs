@@ -660,8 +660,13 @@ impl CoordinationService {
 /// A lease-recipe endpoint: a campaigning node or the coordination service.
 #[derive(Debug, Clone)]
 pub enum LeaseProcess {
-    /// A node running baton's election core.
-    Node(Box<LeaseNode>),
+    /// A node running baton's election core, and the service's endpoint.
+    Node {
+        /// The node.
+        node: Box<LeaseNode>,
+        /// Where the coordination service is.
+        service: NodeId,
+    },
     /// The coordination service.
     Service(CoordinationService),
 }
@@ -678,8 +683,10 @@ impl super::Algorithm for Lease {
     type Process = LeaseProcess;
 
     fn node(&self, _id: NodeId, nodes: usize, _stable: Option<&()>) -> LeaseProcess {
-        let _ = nodes;
-        LeaseProcess::Node(Box::new(LeaseNode::new(self.config.clone())))
+        LeaseProcess::Node {
+            node: Box::new(LeaseNode::new(self.config.clone())),
+            service: nodes,
+        }
     }
 
     fn infrastructure(&self, _nodes: usize) -> Vec<LeaseProcess> {
@@ -687,38 +694,37 @@ impl super::Algorithm for Lease {
     }
 }
 
-/// The service's endpoint is the first one after the nodes; nodes learn it on `start`.
 impl Process for LeaseProcess {
     type Message = Message;
     type Stable = ();
 
     fn start(&mut self, now: Instant, _entropy: u64) {
-        if let LeaseProcess::Node(node) = self {
+        if let LeaseProcess::Node { node, .. } = self {
             node.start(now);
         }
     }
 
     fn handle_message(&mut self, now: Instant, _entropy: u64, from: NodeId, message: Message) {
         match self {
-            LeaseProcess::Node(node) => node.handle_message(now, message),
+            LeaseProcess::Node { node, .. } => node.handle_message(now, message),
             LeaseProcess::Service(service) => service.handle_message(now, from, message),
         }
     }
 
     fn handle_timeout(&mut self, now: Instant, _entropy: u64) {
         match self {
-            LeaseProcess::Node(node) => node.handle_timeout(now),
+            LeaseProcess::Node { node, .. } => node.handle_timeout(now),
             LeaseProcess::Service(service) => service.handle_timeout(now),
         }
     }
 
     fn poll_output(&mut self) -> Option<Output<Message, ()>> {
         match self {
-            LeaseProcess::Node(node) => loop {
+            LeaseProcess::Node { node, service } => loop {
                 match node.poll_action()? {
                     Action::Send(message) => {
                         return Some(Output::Send {
-                            to: SERVICE,
+                            to: *service,
                             message,
                         })
                     }
@@ -734,14 +740,14 @@ impl Process for LeaseProcess {
 
     fn poll_timeout(&self) -> Option<Instant> {
         match self {
-            LeaseProcess::Node(node) => node.poll_timeout(),
+            LeaseProcess::Node { node, .. } => node.poll_timeout(),
             LeaseProcess::Service(service) => service.poll_timeout(),
         }
     }
 
     fn leadership(&self, now: Instant) -> Option<Leadership> {
         match self {
-            LeaseProcess::Node(node) => node.leadership(now),
+            LeaseProcess::Node { node, .. } => node.leadership(now),
             LeaseProcess::Service(_) => None,
         }
     }
@@ -750,9 +756,6 @@ impl Process for LeaseProcess {
         !matches!(message, Message::KeepAlive { .. } | Message::Renewed { .. })
     }
 }
-
-/// Nodes address the service as [`SERVICE`]; the simulator maps it to endpoint `nodes`.
-pub const SERVICE: NodeId = usize::MAX;
 
 #[cfg(test)]
 mod tests {

@@ -135,7 +135,9 @@ pub struct RingNode {
     config: RingConfig,
     epoch: u64,
     leader: Option<NodeId>,
-    leading: bool,
+    /// While leading: the epoch this node was elected in (its token). Later epochs it hears of
+    /// do not change it; only a newer election naming it again does.
+    leading: Option<u64>,
     last_heard: Instant,
     next_heartbeat: Instant,
     /// While taking part in an election: when to give up on it and start another.
@@ -159,7 +161,7 @@ impl RingNode {
             config,
             epoch: 0,
             leader: None,
-            leading: false,
+            leading: None,
             last_heard: Instant::ZERO,
             next_heartbeat: Instant::ZERO,
             participating_until: None,
@@ -179,7 +181,7 @@ impl RingNode {
 
     /// The token while leading.
     pub fn leader_epoch(&self) -> Option<u64> {
-        self.leading.then_some(self.epoch)
+        self.leading
     }
 
     /// Whether `node` is currently skipped as suspected at `now`.
@@ -236,10 +238,10 @@ impl RingNode {
             self.suspected_until[expired.to] = Some(now + self.config.suspicion_ttl);
             self.forward(now, expired.circulating);
         }
-        if self.leading {
+        if let Some(token) = self.leading {
             if now >= self.next_heartbeat {
                 self.next_heartbeat = now + self.config.heartbeat_interval;
-                self.broadcast(Message::Heartbeat { epoch: self.epoch });
+                self.broadcast(Message::Heartbeat { epoch: token });
             }
         } else if now >= self.last_heard + self.config.failure_timeout {
             self.last_heard = now;
@@ -260,7 +262,7 @@ impl RingNode {
 
     /// When to call [`RingNode::handle_timeout`].
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let role = if self.leading {
+        let role = if self.leading.is_some() {
             self.next_heartbeat
         } else {
             self.last_heard + self.config.failure_timeout
@@ -323,12 +325,15 @@ impl RingNode {
     }
 
     fn on_heartbeat(&mut self, now: Instant, from: NodeId, epoch: u64) {
-        if self.leader == Some(from) && !self.leading {
+        if self.leader == Some(from) && self.leading.is_none() {
             self.epoch = self.epoch.max(epoch);
             self.last_heard = now;
             return;
         }
-        let ours = (self.epoch, self.leader.map_or(0, |leader| leader + 1));
+        let ours = (
+            self.leading.unwrap_or(self.epoch),
+            self.leader.map_or(0, |leader| leader + 1),
+        );
         if (epoch, from + 1) > ours {
             self.apply_coordinator(now, from, epoch);
         }
@@ -376,12 +381,11 @@ impl RingNode {
         self.participating_until = None;
         self.last_heard = now;
         if leader == self.id {
-            self.leading = true;
+            self.leading = Some(epoch);
             self.next_heartbeat = now + self.config.heartbeat_interval;
             self.actions.push_back(Action::BecameLeader { epoch });
             self.broadcast(Message::Heartbeat { epoch });
-        } else if self.leading {
-            self.leading = false;
+        } else if self.leading.take().is_some() {
             self.actions.push_back(Action::SteppedDown);
         }
     }
