@@ -58,6 +58,8 @@ pub struct RunSummary {
     pub events: u64,
     /// The trace hash.
     pub hash: u64,
+    /// Whether each side of a long partition had its own leader (None: no long partition).
+    pub partition_sides_led: Option<bool>,
 }
 
 /// Summarises one run.
@@ -73,6 +75,7 @@ pub fn summarize(trace: &Trace) -> RunSummary {
         violation_counts: trace.violation_counts,
         events: trace.events,
         hash: trace.hash,
+        partition_sides_led: partition_sides_led(trace),
     }
 }
 
@@ -91,7 +94,16 @@ fn edges(trace: &Trace) -> Vec<(Nanos, i32)> {
 /// Periods with two or more acting leaders. Source: the issue's split-brain measure; for the
 /// lease recipe, DESIGN.md §2 rule 1.
 pub fn split_brain(trace: &Trace) -> SplitBrain {
-    let mut result = SplitBrain::default();
+    let periods = split_brain_periods(trace);
+    SplitBrain {
+        count: periods.len() as u64,
+        total: periods.iter().map(|(start, end)| end - start).sum(),
+    }
+}
+
+/// The periods themselves, in order (for charts).
+pub fn split_brain_periods(trace: &Trace) -> Vec<(Nanos, Nanos)> {
+    let mut periods = Vec::new();
     let mut acting = 0;
     let mut since = 0;
     for (at, delta) in edges(trace) {
@@ -99,12 +111,30 @@ pub fn split_brain(trace: &Trace) -> SplitBrain {
         acting += delta;
         if before < 2 && acting >= 2 {
             since = at;
-            result.count += 1;
         } else if before >= 2 && acting < 2 {
-            result.total += at - since;
+            periods.push((since, at));
         }
     }
-    result
+    periods
+}
+
+/// For runs with a long partition (at least 3 s, as in `minority-partition` and
+/// `majority-partition`): whether both sides had a leader at once during it.
+pub fn partition_sides_led(trace: &Trace) -> Option<bool> {
+    let long = 3_000_000_000;
+    let windows: Vec<_> = trace
+        .faults
+        .iter()
+        .filter(|w| w.kind == WindowKind::Partition && w.end - w.start >= long)
+        .collect();
+    if windows.is_empty() {
+        return None;
+    }
+    Some(
+        windows
+            .iter()
+            .all(|w| both_sides_led(trace, w.start, w.end, w.nodes)),
+    )
 }
 
 /// Time with nobody acting as leader, from the first election to the end of the run.
@@ -131,15 +161,17 @@ pub fn leaderless(trace: &Trace) -> Nanos {
     total
 }
 
-/// For each fault (clock changes aside), the time until a leadership that started after it,
-/// if one started before the next fault. Source: the issue's "time to elect after each
-/// fault".
+/// For each fault and each heal (clock changes aside), the time until a leadership that
+/// started after it, if one started before the next fault or heal. Source: the issue's "time
+/// to elect after each fault"; heals count because a returning node can force an election
+/// (Raft without pre-vote, bully's bigger id).
 pub fn time_to_elect(trace: &Trace) -> Vec<Nanos> {
     let mut starts: Vec<Nanos> = trace
         .faults
         .iter()
         .filter(|window| window.kind != WindowKind::Clock)
-        .map(|window| window.start)
+        .flat_map(|window| [window.start, window.end])
+        .filter(|&at| at < trace.duration)
         .collect();
     starts.sort_unstable();
     starts.dedup();
@@ -338,7 +370,8 @@ mod tests {
             label: String::new(),
         };
         t.faults = vec![window(20), window(50), window(60)];
-        assert_eq!(time_to_elect(&t), vec![12]);
+        // Boundaries 20, 25, 50, 55, 60, 65: only 25 → 32 has an election before the next.
+        assert_eq!(time_to_elect(&t), vec![7]);
     }
 
     #[test]
