@@ -126,11 +126,13 @@ impl EtcdBackend {
         };
         let options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
-            // HTTP/2 pings notice a dead connection (partition, crashed member) within a few
-            // seconds, so watches and renewals move to another endpoint. Safety never waits for
+            // HTTP/2 pings notice a dead connection (partition, crashed member), so watches and
+            // renewals move to another endpoint. etcd's servers answer pings more frequent than
+            // every 5 s (--grpc-keepalive-min-time), or pings without an open stream, by closing
+            // the connection ("too many pings"), so stay above that. Safety never waits for
             // this: the local deadline ends leadership on its own.
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(3))
-            .with_keep_alive_while_idle(true);
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(false);
         let connect = Client::connect(&endpoints, Some(options));
         let mut client = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
             Ok(Ok(client)) => client,
@@ -523,7 +525,8 @@ impl LeaseTransport for EtcdLeaseTransport {
 
     async fn send_renewal(&mut self) -> Result<()> {
         if self.stream.is_none() {
-            self.stats.request();
+            // Opening the renewal stream is renewal traffic, counted with the renewals.
+            self.stats.renewals.fetch_add(1, Ordering::Relaxed);
             let opened = self
                 .client
                 .lease_keep_alive(self.id)

@@ -14,9 +14,9 @@ pub(crate) struct Stats {
 /// A copy of the counters at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StatsSnapshot {
-    /// Requests sent to the backend: unary calls, watch creations, lease grants.
+    /// Requests sent to the backend: unary calls, watch creations, lease grants and revokes.
     pub requests: u64,
-    /// Lease renewals sent.
+    /// Lease renewals sent, and renewal streams opened.
     pub renewals: u64,
     /// Watch events received.
     pub watch_events: u64,

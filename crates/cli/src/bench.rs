@@ -304,8 +304,6 @@ async fn herd(args: HerdArgs) -> anyhow::Result<()> {
         });
         backends.push(backend);
     }
-    // Let every waiter queue.
-    tokio::time::sleep(Duration::from_millis(500 + 5 * args.waiters as u64)).await;
     let totals = |backends: &[Backend]| {
         backends
             .iter()
@@ -318,6 +316,16 @@ async fn herd(args: HerdArgs) -> anyhow::Result<()> {
                 )
             })
     };
+    // Let every waiter queue: wait until campaign traffic has been quiet for a second.
+    let mut last = totals(&backends);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = totals(&backends);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
     let mut latencies = Vec::new();
     let (mut requests, mut events, mut wakeups) = (0, 0, 0);
     for _ in 0..args.rounds {
