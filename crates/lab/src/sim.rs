@@ -1153,7 +1153,7 @@ impl<'a, A: Algorithm> Sim<'a, A> {
 
     fn resolve_side(&mut self, side: Side, index: usize) -> u32 {
         let minority = ((self.nodes - 1) / 2).max(1);
-        let cut = match side {
+        match side {
             Side::Isolate(target) => {
                 let node = self.resolve(target);
                 self.resolved[index] = Some(node);
@@ -1171,8 +1171,7 @@ impl<'a, A: Algorithm> Sim<'a, A> {
                 self.add_random(1 << highest, minority - 1, 1 << leader)
             }
             Side::RandomMinority => self.add_random(0, minority, 0),
-        };
-        cut
+        }
     }
 
     fn add_random(&mut self, mut set: u32, count: usize, exclude: u32) -> u32 {

@@ -534,10 +534,10 @@ impl CoordinationService {
                 };
                 self.send(from, Message::Renewed { lease, ttl });
             }
-            Message::Revoke { lease } => {
-                if self.leases.get(&lease).is_some_and(|l| l.owner == from) {
-                    self.drop_lease(lease);
-                }
+            Message::Revoke { lease }
+                if self.leases.get(&lease).is_some_and(|l| l.owner == from) =>
+            {
+                self.drop_lease(lease);
             }
             Message::CreateKey { lease } => self.create_key(from, lease),
             Message::FindPredecessor { own } => {
@@ -559,14 +559,13 @@ impl CoordinationService {
                     self.send(from, Message::Deleted { revision });
                 }
             }
-            Message::DeleteKey { revision } => {
+            Message::DeleteKey { revision }
                 if self
                     .keys
                     .get(&revision)
-                    .is_some_and(|key| key.owner == from)
-                {
-                    self.delete_key(revision, true);
-                }
+                    .is_some_and(|key| key.owner == from) =>
+            {
+                self.delete_key(revision, true);
             }
             _ => {}
         }
@@ -590,7 +589,7 @@ impl CoordinationService {
     }
 
     fn create_key(&mut self, from: NodeId, lease: u64) {
-        if !self.leases.get(&lease).is_some_and(|l| l.owner == from) {
+        if self.leases.get(&lease).is_none_or(|l| l.owner != from) {
             self.send(from, Message::LeaseGone { lease });
             return;
         }
