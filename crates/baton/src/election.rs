@@ -22,8 +22,13 @@ pub struct LeaderInfo {
 /// Commands from handles to a candidate's driver task.
 #[derive(Debug)]
 pub(crate) enum Command {
-    /// Resign and acknowledge once the entry is deleted.
-    Resign(Option<oneshot::Sender<()>>),
+    /// Resign and acknowledge once the entry is deleted. With a token, only if that term of
+    /// office is still the current one: a `Leadership` of an earlier term (with requeue) must
+    /// not end a later one when it is dropped.
+    Resign {
+        term: Option<u64>,
+        ack: Option<oneshot::Sender<()>>,
+    },
 }
 
 /// A leadership's status as its driver sees it.
@@ -208,7 +213,11 @@ impl Candidacy {
     /// Stops campaigning and deletes our entry; waits until it is gone.
     pub async fn resign(self) {
         let (ack, done) = oneshot::channel();
-        if self.commands.send(Command::Resign(Some(ack))).await.is_ok() {
+        let resign = Command::Resign {
+            term: None,
+            ack: Some(ack),
+        };
+        if self.commands.send(resign).await.is_ok() {
             let _ = done.await;
         }
     }
@@ -287,37 +296,7 @@ impl Leadership {
 
     /// Resolves when leadership is over, at the latest at the local deadline.
     pub async fn lost(&self) -> LossReason {
-        let mut status = self.status.clone();
-        let mut lease = self.lease.clone();
-        loop {
-            match *status.borrow_and_update() {
-                Status::Leading => {}
-                Status::Lost(reason) => return reason,
-                // After resign we are no longer leading; report it as the lease being over.
-                Status::Resigned => return LossReason::LeaseExpired,
-            }
-            let deadline = match *lease.borrow_and_update() {
-                LeaseView::Live { deadline } => deadline,
-                LeaseView::Over => return LossReason::LeaseExpired,
-            };
-            if tokio::time::Instant::now() >= deadline {
-                return LossReason::LeaseExpired;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => return LossReason::LeaseExpired,
-                changed = status.changed() => {
-                    if changed.is_err() {
-                        // The driver is gone: nobody renews or watches for us any more.
-                        return LossReason::BackendFailed;
-                    }
-                }
-                changed = lease.changed() => {
-                    if changed.is_err() {
-                        return LossReason::LeaseExpired;
-                    }
-                }
-            }
-        }
+        wait_lost(self.status.clone(), self.lease.clone()).await
     }
 
     /// Writes `value` at `key` in the coordination service only while this leadership holds,
@@ -353,7 +332,11 @@ impl Leadership {
     pub async fn resign(mut self) {
         self.resigned = true;
         let (ack, done) = oneshot::channel();
-        if self.commands.send(Command::Resign(Some(ack))).await.is_ok() {
+        let resign = Command::Resign {
+            term: Some(self.token),
+            ack: Some(ack),
+        };
+        if self.commands.send(resign).await.is_ok() {
             let _ = tokio::time::timeout(Duration::from_secs(10), done).await;
         }
     }
@@ -364,7 +347,48 @@ impl Drop for Leadership {
         if !self.resigned {
             // Best effort: the driver resigns; if the channel is full a resign is already queued
             // or the driver is gone, and the lease expiry cleans up.
-            let _ = self.commands.try_send(Command::Resign(None));
+            let _ = self.commands.try_send(Command::Resign {
+                term: Some(self.token),
+                ack: None,
+            });
+        }
+    }
+}
+
+/// Waits until a leadership with this status and lease is over: the driver reports a loss, the
+/// lease is over, or the local deadline passes on this future's own timer, whichever is first.
+/// Safety rule 1 does not depend on the driver task being scheduled in time.
+pub(crate) async fn wait_lost(
+    mut status: watch::Receiver<Status>,
+    mut lease: watch::Receiver<LeaseView>,
+) -> LossReason {
+    loop {
+        match *status.borrow_and_update() {
+            Status::Leading => {}
+            Status::Lost(reason) => return reason,
+            // After resign we are no longer leading; report it as the lease being over.
+            Status::Resigned => return LossReason::LeaseExpired,
+        }
+        let deadline = match *lease.borrow_and_update() {
+            LeaseView::Live { deadline } => deadline,
+            LeaseView::Over => return LossReason::LeaseExpired,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return LossReason::LeaseExpired;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => return LossReason::LeaseExpired,
+            changed = status.changed() => {
+                if changed.is_err() {
+                    // The driver is gone: nobody renews or watches for us any more.
+                    return LossReason::BackendFailed;
+                }
+            }
+            changed = lease.changed() => {
+                if changed.is_err() {
+                    return LossReason::LeaseExpired;
+                }
+            }
         }
     }
 }

@@ -623,9 +623,16 @@ impl CandidateDriver {
             let wake = self.wait(&mut commands).await;
             match wake {
                 Wake::Command(None) => self.core.resign(),
-                Wake::Command(Some(Command::Resign(ack))) => {
-                    self.resign_acks.extend(ack);
-                    self.core.resign();
+                Wake::Command(Some(Command::Resign { term, ack })) => {
+                    if term.is_some() && term != self.core.token() {
+                        // A leadership of an earlier term: that term is already over.
+                        if let Some(ack) = ack {
+                            let _ = ack.send(());
+                        }
+                    } else {
+                        self.resign_acks.extend(ack);
+                        self.core.resign();
+                    }
                 }
                 Wake::LeaseOver => self.core.handle_lease_expired(),
                 Wake::Deleted(key, revision) => {

@@ -271,19 +271,12 @@ mod tests {
         ElectionConfig::default().with_ttl(TTL)
     }
 
-    /// When the holder's own timer says the lease is over (what `Leadership::lost` does).
-    async fn local_loss(handle: &LeaseHandle) -> Instant {
-        let mut view = handle.view.clone();
-        loop {
-            let current = *view.borrow_and_update();
-            match current {
-                LeaseView::Over => return Instant::now(),
-                LeaseView::Live { deadline } => tokio::select! {
-                    _ = tokio::time::sleep_until(deadline) => return Instant::now(),
-                    _ = view.changed() => {}
-                },
-            }
-        }
+    /// When `Leadership::lost` resolves for a leadership held under this lease, with a driver
+    /// that never reports anything itself.
+    async fn local_loss(handle: &LeaseHandle) -> (Instant, baton_core::LossReason) {
+        let (_status_tx, status) = watch::channel(crate::election::Status::Leading);
+        let reason = crate::election::wait_lost(status, handle.view.clone()).await;
+        (Instant::now(), reason)
     }
 
     #[tokio::test(start_paused = true)]
@@ -315,7 +308,8 @@ mod tests {
         .unwrap();
         tokio::time::sleep(Duration::from_millis(5_000)).await;
         server.lock().unwrap().partitioned = true;
-        let lost_at = local_loss(&handle).await;
+        let (lost_at, reason) = local_loss(&handle).await;
+        assert_eq!(reason, baton_core::LossReason::LeaseExpired);
         let server_expiry = server.lock().unwrap().expires_at.unwrap();
         assert!(
             lost_at < server_expiry,
@@ -340,11 +334,17 @@ mod tests {
         .unwrap();
         tokio::time::sleep(Duration::from_millis(1_000)).await;
         server.lock().unwrap().partitioned = true;
+        let partitioned_at = Instant::now();
+        let (lost_at, _) = local_loss(&handle).await;
+        assert!(lost_at - partitioned_at < TTL);
         tokio::time::sleep(Duration::from_millis(6_000)).await;
         server.lock().unwrap().partitioned = false;
         tokio::time::sleep(Duration::from_millis(6_000)).await;
         assert_eq!(*handle.view.borrow(), LeaseView::Over);
         assert!(!handle.is_live());
+        // A leadership under it stays lost after the heal.
+        let (_, reason) = local_loss(&handle).await;
+        assert_eq!(reason, baton_core::LossReason::LeaseExpired);
         // The driver stopped renewing once over: nothing reached the healed server.
         let received_after_heal = server.lock().unwrap().renewals_received;
         tokio::time::sleep(Duration::from_secs(10)).await;

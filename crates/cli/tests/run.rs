@@ -470,3 +470,65 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn requeue_runs_the_command_again_with_a_larger_token_after_a_loss() {
+    let dir = scratch("requeue");
+    let election = unique("requeue");
+    let log = dir.join("tokens");
+    let script = format!(
+        "echo $BATON_TOKEN >> {}; echo $$ > {}/pid; exec sleep 1000",
+        log.display(),
+        dir.display()
+    );
+    let mut child = baton()
+        .args([
+            "run",
+            "--backend",
+            &url(),
+            "--election",
+            &election,
+            "--ttl",
+            "2s",
+            "--requeue",
+        ])
+        .args(["--", "sh", "-c", &script])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let tokens = || -> Vec<u64> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.parse().ok())
+            .collect()
+    };
+    wait_for("first term", Duration::from_secs(5), || {
+        (tokens().len() == 1).then_some(())
+    });
+    let first_pid = wait_for("pid", Duration::from_secs(1), || {
+        read_number(&dir.join("pid"))
+    });
+    let deleted = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "--endpoints",
+            &etcd(),
+            "del",
+            "--prefix",
+            &format!("/baton-cli-test/{election}/"),
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(deleted.success());
+    let second = wait_for("second term", Duration::from_secs(5), || {
+        let t = tokens();
+        (t.len() == 2).then_some(t)
+    });
+    assert!(second[1] > second[0], "{second:?}");
+    assert!(!alive(first_pid), "the first term's command must be gone");
+    signal(child.id() as i32, libc::SIGTERM);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+}

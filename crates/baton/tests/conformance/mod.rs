@@ -200,7 +200,14 @@ pub async fn check_requeue_campaigns_again(url: &str, delete_leader_key: impl As
         .unwrap();
     assert!(second.token() > first.token());
     assert!(second.is_leading());
+    // Dropping the first term's handle must not end the second term.
     drop(first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(second.is_leading());
+    assert_eq!(
+        election.leader().await.unwrap().map(|l| l.token),
+        Some(second.token())
+    );
     second.resign().await;
     candidacy.resign().await;
 }

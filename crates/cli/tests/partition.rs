@@ -1,0 +1,200 @@
+//! A network partition between a leader and etcd, made by a fault-injecting TCP proxy on
+//! loopback: the leader's command must be dead before the successor's starts, and healing the
+//! partition after the lease expired must not resurrect the old leadership.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn etcd() -> String {
+    std::env::var("BATON_TEST_ETCD").expect(
+        "BATON_TEST_ETCD is not set: run the tests with scripts/test, which starts a private etcd",
+    )
+}
+
+/// A TCP proxy that can stop forwarding in both directions. While partitioned it reads
+/// nothing, so bytes wait in the kernel's buffers (as with TCP retransmitting into a dead
+/// link) and arrive late, in order, when the partition heals.
+struct Proxy {
+    port: u16,
+    partitioned: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let partitioned = Arc::new(AtomicBool::new(false));
+        let flag = partitioned.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                for (from, to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let flag = flag.clone();
+                    std::thread::spawn(move || pump(from, to, flag));
+                }
+            }
+        });
+        Proxy { port, partitioned }
+    }
+
+    fn set_partitioned(&self, partitioned: bool) {
+        self.partitioned.store(partitioned, Ordering::SeqCst);
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, partitioned: Arc<AtomicBool>) {
+    let mut buffer = [0u8; 16 * 1024];
+    loop {
+        if partitioned.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
+        // Short read timeouts so a partition starting mid-wait takes effect promptly.
+        from.set_read_timeout(Some(Duration::from_millis(5)))
+            .unwrap();
+        match from.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => {
+                if to.write_all(&buffer[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+        !state.starts_with('Z') && !state.starts_with('X')
+    })
+}
+
+fn read_number(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn start(backend: &str, election: &str, dir: &Path, name: &str) -> Child {
+    let script = format!(
+        "echo $BATON_TOKEN > {d}/{n}.token.tmp; mv {d}/{n}.token.tmp {d}/{n}.token; \
+         echo $$ > {d}/{n}.pid; exec sleep 1000",
+        d = dir.display(),
+        n = name
+    );
+    let stderr = std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args([
+            "run",
+            "--backend",
+            backend,
+            "--election",
+            election,
+            "--id",
+            name,
+        ])
+        .args(["--ttl", "2s", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
+fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn partitioned_leader_stops_before_the_successor_starts_and_stays_stopped_after_healing() {
+    let dir: PathBuf = std::env::temp_dir().join(unique("baton-partition"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let election = unique("partition");
+    let proxy = Proxy::start(etcd());
+    let through_proxy = format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port);
+    let direct = format!("etcd://{}/baton-cli-test", etcd());
+
+    let mut a = start(&through_proxy, &election, &dir, "a");
+    let a_token = wait_for("a runs", Duration::from_secs(5), || {
+        read_number(&dir.join("a.token"))
+    });
+    let a_pid = wait_for("a's pid", Duration::from_secs(1), || {
+        read_number(&dir.join("a.pid"))
+    });
+    let mut b = start(&direct, &election, &dir, "b");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(read_number(&dir.join("b.token")).is_none());
+
+    let partitioned_at = Instant::now();
+    proxy.set_partitioned(true);
+    // Poll both: a's command must be gone strictly before b's starts.
+    let mut a_dead_at = None;
+    let b_started_at = wait_for("b runs", Duration::from_secs(6), || {
+        if a_dead_at.is_none() && !alive(a_pid) {
+            a_dead_at = Some(Instant::now());
+        }
+        read_number(&dir.join("b.token")).map(|_| Instant::now())
+    });
+    let a_dead_at = a_dead_at.expect("a's command was still running when b's started");
+    assert!(a_dead_at < b_started_at);
+    // a stopped on its own clock, within the TTL of the partition starting.
+    assert!(
+        a_dead_at - partitioned_at < Duration::from_secs(2),
+        "{:?}",
+        a_dead_at - partitioned_at
+    );
+    let b_token = read_number(&dir.join("b.token")).unwrap();
+    assert!(b_token > a_token);
+
+    // Heal: a's delayed renewals reach etcd after the lease expired; nothing comes back.
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.set_partitioned(false);
+    let status = wait_for("a exits", Duration::from_secs(5), || a.try_wait().unwrap());
+    assert_eq!(status.code(), Some(3));
+    std::thread::sleep(Duration::from_millis(500));
+    let leader = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["leader", "--backend", &direct, "--election", &election])
+        .output()
+        .unwrap();
+    let line: serde_json::Value = serde_json::from_slice(&leader.stdout).unwrap();
+    assert_eq!(line["leader"]["id"], "b");
+    assert_eq!(line["leader"]["token"], b_token);
+    let _ = b.kill();
+    let _ = b.wait();
+    if let Some(pid) = read_number(&dir.join("b.pid")) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+}
