@@ -10,7 +10,7 @@
 //! - [`scenario`]: the fault vocabulary and the named built-in scenarios.
 //! - [`checker`]: safety properties and measurements over a recorded trace.
 //! - [`report`]: the terminal table and the HTML report with timeline charts.
-//! - [`LabArgs`] and [`run`]: the `baton lab` command.
+//! - [`LabArgs`] and [`run()`]: the `baton lab` command.
 //!
 //! This crate never reads a clock, touches the network or draws an unseeded random number:
 //! the same arguments give byte-identical output.
