@@ -6,6 +6,7 @@
 //! library in this process and count requests on the client side.
 
 use std::ffi::CString;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -54,6 +55,14 @@ struct ProcessArgs {
     /// Lease TTL of the candidates.
     #[arg(long, default_value = "2s", value_parser = duration)]
     ttl: Duration,
+    /// Measure `etcdctl lock NAME CMD` instead of `baton run`, for comparison (handoff only;
+    /// implies --command-exit, since etcdctl releases its lock only when its command exits).
+    #[arg(long)]
+    etcdctl: bool,
+    /// Hand off by ending the leader's command (SIGKILL to it) instead of signalling the
+    /// supervisor (handoff only).
+    #[arg(long)]
+    command_exit: bool,
 }
 
 #[derive(Debug, Args)]
@@ -117,6 +126,30 @@ fn summary(label: &str, samples: &mut [Duration]) {
     );
 }
 
+fn first_child(pid: u32) -> Option<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    for task in tasks.flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        if let Some(child) = children
+            .split_whitespace()
+            .next()
+            .and_then(|c| c.parse().ok())
+        {
+            return Some(child);
+        }
+    }
+    None
+}
+
+/// Which supervisor a process benchmark runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tool {
+    /// `baton run`.
+    Baton,
+    /// `etcdctl lock NAME CMD`, for comparison.
+    EtcdctlLock,
+}
+
 /// One `baton run` whose command writes its token into a FIFO when it starts.
 struct Runner {
     child: Child,
@@ -131,6 +164,19 @@ impl Runner {
         ttl: Duration,
         dir: &Path,
         name: &str,
+    ) -> anyhow::Result<Runner> {
+        Runner::start_with(Tool::Baton, url, election, ttl, dir, name, 0)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_with(
+        tool: Tool,
+        url: &str,
+        election: &str,
+        ttl: Duration,
+        dir: &Path,
+        name: &str,
+        round: u64,
     ) -> anyhow::Result<Runner> {
         let fifo = dir.join(format!("{name}.fifo"));
         let path = CString::new(fifo.to_string_lossy().as_bytes())?;
@@ -157,36 +203,56 @@ impl Runner {
                 }
             }
         });
-        let script = format!(
-            "echo $BATON_TOKEN > '{}'; exec sleep 100000",
-            fifo.display()
-        );
-        let me = std::env::current_exe()?;
-        let child = Command::new(me)
-            .args([
-                "run",
-                "--backend",
-                url,
-                "--election",
-                election,
-                "--id",
-                name,
-            ])
-            .args([
-                "--ttl",
-                &baton::format_duration(ttl),
-                "--grace",
-                "1s",
-                "--",
-                "sh",
-                "-c",
-                &script,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting baton run")?;
+        let child = match tool {
+            Tool::Baton => {
+                let script = format!(
+                    "echo $BATON_TOKEN > '{}'; exec sleep 100000",
+                    fifo.display()
+                );
+                Command::new(std::env::current_exe()?)
+                    .args([
+                        "run",
+                        "--backend",
+                        url,
+                        "--election",
+                        election,
+                        "--id",
+                        name,
+                    ])
+                    .args(["--ttl", &baton::format_duration(ttl), "--grace", "1s"])
+                    .args(["--", "sh", "-c", &script])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("starting baton run")?
+            }
+            Tool::EtcdctlLock => {
+                // etcdctl has no tokens; the round number stands in so ordering is checked.
+                let script = format!("echo {round} > '{}'; exec sleep 100000", fifo.display());
+                let endpoints = match baton::BackendUrl::parse(url)? {
+                    baton::BackendUrl::Etcd { endpoints, .. } => endpoints.join(","),
+                };
+                Command::new("etcdctl")
+                    .env("ETCDCTL_API", "3")
+                    .args([
+                        "--endpoints",
+                        &endpoints,
+                        "lock",
+                        election,
+                        "--",
+                        "sh",
+                        "-c",
+                        &script,
+                    ])
+                    .process_group(0)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("starting etcdctl lock (is etcd-client installed?)")?
+            }
+        };
         Ok(Runner {
             child,
             fifo,
@@ -210,9 +276,39 @@ impl Runner {
         }
     }
 
+    /// Kills the supervised command itself (the deepest process under the supervisor), so the
+    /// supervisor sees its command exit.
+    fn end_command(&self) -> anyhow::Result<()> {
+        let mut pid = self.child.id();
+        let mut depth = 0;
+        while let Some(child) = first_child(pid) {
+            pid = child;
+            depth += 1;
+        }
+        if depth == 0 {
+            bail!("supervisor {} has no command running", self.child.id());
+        }
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+        Ok(())
+    }
+
     fn stop(mut self) {
         self.signal(libc::SIGTERM);
+        // etcdctl lock waits for its command even after SIGTERM: give up after a while.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
         let _ = self.child.wait();
+        // etcdctl lock leaves its command running when it exits: clear its group.
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe {
+            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
+        }
         // Unblock the reader thread if the command never started.
         let _ = std::fs::OpenOptions::new()
             .write(true)
@@ -248,16 +344,44 @@ async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyho
     let url = args.common.backend.clone();
     let ttl = args.ttl;
     let rounds = args.rounds;
+    let etcdctl = args.etcdctl;
+    let command_exit = args.command_exit || etcdctl;
+    if command_exit && signal != libc::SIGTERM {
+        return Err(UsageError(
+            "--etcdctl and --command-exit apply to the handoff benchmark only".into(),
+        )
+        .into());
+    }
+    let label = match (etcdctl, command_exit) {
+        (true, _) => {
+            "etcdctl lock handoff (command exits -> successor's command running)".to_string()
+        }
+        (false, true) => {
+            "baton run handoff (command exits -> successor's command running)".to_string()
+        }
+        (false, false) => format!("{label} (SIGTERM to baton run -> successor's command running)"),
+    };
+    let label = label.as_str();
     let samples = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Duration>> {
         let mut samples = Vec::new();
-        let mut leader = Runner::start(&url, &election, ttl, &dir, "r0")?;
+        let tool = if etcdctl {
+            Tool::EtcdctlLock
+        } else {
+            Tool::Baton
+        };
+        let mut leader = Runner::start_with(tool, &url, &election, ttl, &dir, "r0", 0)?;
         let (_, mut last_token) = leader.wait_started(Duration::from_secs(10))?;
         for round in 1..=rounds {
-            let waiter = Runner::start(&url, &election, ttl, &dir, &format!("r{round}"))?;
+            let name = format!("r{round}");
+            let waiter = Runner::start_with(tool, &url, &election, ttl, &dir, &name, round as u64)?;
             // Let the waiter queue up behind the leader.
             std::thread::sleep(Duration::from_millis(300));
             let sent = Instant::now();
-            leader.signal(signal);
+            if command_exit {
+                leader.end_command()?;
+            } else {
+                leader.signal(signal);
+            }
             let (started, token) = waiter.wait_started(ttl * 3 + Duration::from_secs(5))?;
             if token <= last_token {
                 bail!("token did not increase: {token} after {last_token}");

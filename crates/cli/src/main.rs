@@ -42,6 +42,9 @@ enum Command {
     Leader(Target),
     /// Print the leader as JSON, then one line per change.
     Observe(Target),
+    /// Run bully, ring, Raft-style and lease election under identical faults in a
+    /// deterministic simulator (no backend needed).
+    Lab(baton_lab::LabArgs),
     /// Measure handoff, failover, herd behaviour, lease sharing and memory against a backend.
     Bench(bench::BenchArgs),
     /// Internal: the process-group guard started by `baton run`.
@@ -189,6 +192,9 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Leader(target) => leader(target).await,
         Command::Observe(target) => observe(target).await,
         Command::Bench(args) => bench::bench(args).await,
+        Command::Lab(args) => {
+            baton_lab::run(&args).map_err(|error| UsageError(error.to_string()).into())
+        }
         Command::Guard { .. } => unreachable!("handled before the runtime starts"),
     }
 }

@@ -382,6 +382,34 @@ fn observe_prints_the_current_state_then_each_change() {
 }
 
 #[test]
+fn lab_runs_without_a_backend_and_repeats_itself_exactly() {
+    let run = || {
+        baton()
+            .args([
+                "lab",
+                "--scenarios",
+                "leader-crash,clock-drift",
+                "--seed",
+                "7",
+            ])
+            .output()
+            .unwrap()
+    };
+    let (first, second) = (run(), run());
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert_eq!(first.stdout, second.stdout);
+    let table = String::from_utf8(first.stdout).unwrap();
+    assert!(
+        table.contains("clock-drift") && table.contains("lease"),
+        "{table}"
+    );
+}
+
+#[test]
 fn bad_input_gets_one_line_and_exit_code_2() {
     let cases: Vec<Vec<String>> = vec![
         vec![
@@ -460,6 +488,14 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         ],
         vec!["observe".into(), "--election".into(), "e".into()],
         vec!["frobnicate".into()],
+        vec!["lab".into(), "--algorithms".into(), "paxos".into()],
+        vec!["lab".into(), "--nodes".into(), "1".into()],
+        vec![
+            "bench".into(),
+            "handoff".into(),
+            "--backend".into(),
+            "etcd://127.0.0.1:1/x".into(),
+        ],
     ];
     for args in cases {
         let output = baton().args(&args).output().unwrap();
