@@ -397,10 +397,12 @@ async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyho
     })
     .await??;
     let mut samples = samples;
-    summary(
-        &format!("{label} (ttl {})", baton::format_duration(ttl)),
-        &mut samples,
-    );
+    let setting = if etcdctl {
+        "etcdctl's own 60s lease".to_string()
+    } else {
+        format!("ttl {}", baton::format_duration(ttl))
+    };
+    summary(&format!("{label} ({setting})"), &mut samples);
     Ok(())
 }
 

@@ -14,8 +14,11 @@ use std::os::fd::FromRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 
-/// The control pipe's file descriptor, set up by `baton run`.
+/// The control pipe's file descriptor, set up by `baton run`: the token arrives here.
 pub const CONTROL_FD: i32 = 3;
+/// The status pipe's file descriptor: CMD's exit code goes back here the moment CMD exits,
+/// before the guard's own (slower) exit.
+pub const STATUS_FD: i32 = 4;
 
 /// The signal the kernel sends the guard when its parent dies.
 const PARENT_DEATH_SIGNAL: libc::c_int = libc::SIGUSR1;
@@ -72,17 +75,28 @@ pub fn main(command: &[std::ffi::OsString]) -> ! {
         // The supervisor stopped before winning (or died): nothing to run.
         _ => std::process::exit(0),
     };
+    // SAFETY: fd 4 is the status pipe's write end, handed to us by `baton run` and owned by
+    // nothing else here. Close-on-exec keeps it away from CMD.
+    let mut status_pipe = unsafe {
+        libc::fcntl(STATUS_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+        std::fs::File::from_raw_fd(STATUS_FD)
+    };
     let status = Command::new(program)
         .args(args)
         .env("BATON_TOKEN", token.to_string())
         .env_remove("BATON_SUPERVISOR_PID")
         .status();
     match status {
-        Ok(status) => match (status.code(), status.signal()) {
-            (Some(code), _) => std::process::exit(code),
-            (None, Some(signal)) => std::process::exit(128 + signal),
-            (None, None) => std::process::exit(1),
-        },
+        Ok(status) => {
+            let code = match (status.code(), status.signal()) {
+                (Some(code), _) => code,
+                (None, Some(signal)) => 128 + signal,
+                (None, None) => 1,
+            };
+            use std::io::Write;
+            let _ = writeln!(status_pipe, "{code}");
+            std::process::exit(code)
+        }
         Err(error) => {
             eprintln!(
                 "baton: error: cannot start {}: {error}",

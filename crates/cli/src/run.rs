@@ -11,6 +11,8 @@ use std::time::Duration;
 use anyhow::Context;
 use baton::{parse_duration, ElectionConfig, Leadership, LossReason};
 use clap::Args;
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
@@ -141,16 +143,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 return Err(error);
             }
         };
-        let group = child.id().map(|pid| pid as i32);
         match supervise(&mut child, &leadership, &mut signals, &mut cont).await {
             Outcome::ChildExited(code) => {
-                kill_group(group, libc::SIGKILL);
+                // CMD is gone; its leftovers in the group (and the guard) die before we resign.
+                child.signal(libc::SIGKILL);
+                leadership.resign().await;
                 note(
                     &name,
-                    format_args!("command exited with code {code}; resigning"),
+                    format_args!("command exited with code {code}; resigned"),
                 );
-                leadership.resign().await;
                 candidacy.resign().await;
+                child.reap().await;
                 return if code == 0 {
                     Ok(())
                 } else {
@@ -162,9 +165,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     &name,
                     format_args!("stopping on signal {signal}; stopping command, then resigning"),
                 );
-                stop_child(&mut child, group, &leadership, args.grace, false).await;
+                stop_child(&mut child, &leadership, args.grace, false).await;
                 leadership.resign().await;
                 candidacy.resign().await;
+                child.reap().await;
                 return Err(Exit(128 + signal as u8).into());
             }
             Outcome::Lost(reason) => {
@@ -175,8 +179,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     &name,
                     format_args!("leadership lost ({reason}); stopping command"),
                 );
-                stop_child(&mut child, group, &leadership, args.grace, immediate).await;
+                stop_child(&mut child, &leadership, args.grace, immediate).await;
                 drop(leadership);
+                child.reap().await;
                 if !args.requeue {
                     candidacy.resign().await;
                     return Err(Exit(EXIT_LOST).into());
@@ -188,7 +193,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 async fn supervise(
-    child: &mut Child,
+    child: &mut Running,
     leadership: &Leadership,
     signals: &mut Signals,
     cont: &mut Signal,
@@ -204,17 +209,7 @@ async fn supervise(
                 }
             }
             reason = leadership.lost() => return Outcome::Lost(reason),
-            status = child.wait() => {
-                let code = match status {
-                    Ok(status) => match (status.code(), status.signal()) {
-                        (Some(code), _) => code as u8,
-                        (None, Some(signal)) => 128 + signal as u8,
-                        (None, None) => 1,
-                    },
-                    Err(_) => 1,
-                };
-                return Outcome::ChildExited(code);
-            }
+            code = child.exited() => return Outcome::ChildExited(code),
             signal = signals.stop() => return Outcome::Stopped(signal),
         }
     }
@@ -224,6 +219,67 @@ async fn supervise(
 struct Standby {
     child: Child,
     control: std::fs::File,
+    status: Option<pipe::Receiver>,
+}
+
+/// The running guard and CMD.
+struct Running {
+    child: Child,
+    /// The process group: the guard's pid.
+    group: Option<i32>,
+    /// The guard reports CMD's exit code here as soon as CMD exits, before its own exit.
+    status: Option<pipe::Receiver>,
+    buffer: Vec<u8>,
+    code: Option<u8>,
+}
+
+impl Running {
+    /// CMD's exit code, as soon as it is known: from the guard's report, or else from the
+    /// guard's own exit. Cancel-safe.
+    async fn exited(&mut self) -> u8 {
+        if let Some(code) = self.code {
+            return code;
+        }
+        while let Some(status) = self.status.as_mut() {
+            let mut chunk = [0u8; 16];
+            match status.read(&mut chunk).await {
+                Ok(0) | Err(_) => self.status = None,
+                Ok(n) => {
+                    self.buffer.extend_from_slice(&chunk[..n]);
+                    if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
+                        let code = std::str::from_utf8(&self.buffer[..end])
+                            .ok()
+                            .and_then(|text| text.parse().ok())
+                            .unwrap_or(1);
+                        self.code = Some(code);
+                        return code;
+                    }
+                    if self.buffer.len() > 64 {
+                        self.status = None;
+                    }
+                }
+            }
+        }
+        let code = match self.child.wait().await {
+            Ok(status) => match (status.code(), status.signal()) {
+                (Some(code), _) => code as u8,
+                (None, Some(signal)) => 128 + signal as u8,
+                (None, None) => 1,
+            },
+            Err(_) => 1,
+        };
+        self.code = Some(code);
+        code
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        kill_group(self.group, signal);
+    }
+
+    /// Waits for the guard's exit (after the group has been killed).
+    async fn reap(&mut self) {
+        let _ = self.child.wait().await;
+    }
 }
 
 impl Standby {
@@ -232,6 +288,8 @@ impl Standby {
         let me = std::env::current_exe().context("finding the baton executable")?;
         let (read_end, write_end) = pipe().context("creating the guard's control pipe")?;
         let read_fd = read_end.as_raw_fd();
+        let (status_read, status_write) = pipe().context("creating the guard's status pipe")?;
+        let status_fd = status_write.as_raw_fd();
         let mut guard = Command::new(me);
         guard
             .arg("__guard")
@@ -246,7 +304,9 @@ impl Standby {
         // leaves the new descriptor without close-on-exec, so the guard inherits it as fd 3.
         unsafe {
             guard.pre_exec(move || {
-                if libc::dup2(read_fd, guard::CONTROL_FD) < 0 {
+                if libc::dup2(read_fd, guard::CONTROL_FD) < 0
+                    || libc::dup2(status_fd, guard::STATUS_FD) < 0
+                {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -254,22 +314,46 @@ impl Standby {
         }
         let child = guard.spawn().context("starting the command's guard")?;
         drop(read_end);
+        drop(status_write);
+        // Without the status pipe the guard's own exit still tells us; it is only slower.
+        let status = set_nonblocking(&status_read)
+            .ok()
+            .and_then(|()| pipe::Receiver::from_owned_fd(status_read).ok());
         Ok(Standby {
             child,
-            control: write_end,
+            control: std::fs::File::from(write_end),
+            status,
         })
     }
 
     /// Hands the guard its token: it starts CMD at once.
-    fn start(mut self, token: u64) -> anyhow::Result<Child> {
+    fn start(mut self, token: u64) -> anyhow::Result<Running> {
         use std::io::Write;
         writeln!(self.control, "{token}").context("starting the command (its guard is gone)")?;
-        Ok(self.child)
+        let group = self.child.id().map(|pid| pid as i32);
+        Ok(Running {
+            child: self.child,
+            group,
+            status: self.status,
+            buffer: Vec::new(),
+            code: None,
+        })
     }
 }
 
+fn set_nonblocking(fd: &std::os::fd::OwnedFd) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// A pipe whose both ends are close-on-exec.
-fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::fs::File)> {
+fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     use std::os::fd::FromRawFd;
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two descriptors into the array we own.
@@ -280,7 +364,7 @@ fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::fs::File)> {
     unsafe {
         Ok((
             std::os::fd::OwnedFd::from_raw_fd(fds[0]),
-            std::fs::File::from_raw_fd(fds[1]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
         ))
     }
 }
@@ -295,10 +379,11 @@ fn kill_group(group: Option<i32>, signal: libc::c_int) {
 }
 
 /// Stops the child's whole group: SIGKILL at once when `immediate`, else SIGTERM and SIGKILL at
-/// the grace or the local deadline, whichever comes first.
+/// the grace or the local deadline, whichever comes first. Returns once CMD has exited and the
+/// group has been sent SIGKILL (nothing in it can act any more); reaping the guard is left to
+/// [`Running::reap`], after the resign.
 async fn stop_child(
-    child: &mut Child,
-    group: Option<i32>,
+    child: &mut Running,
     leadership: &Leadership,
     grace: Duration,
     immediate: bool,
@@ -311,23 +396,22 @@ async fn stop_child(
         (now + grace).min(deadline)
     };
     if kill_at > now {
-        kill_group(group, libc::SIGTERM);
+        child.signal(libc::SIGTERM);
         tokio::select! {
-            _ = child.wait() => {}
+            _ = child.exited() => {}
             _ = tokio::time::sleep_until(kill_at) => {}
             _ = leadership.lost(), if !immediate => {
                 // Lost while stopping: kill at once if the deadline itself has passed.
                 if !leadership.is_leading() {
-                    kill_group(group, libc::SIGKILL);
+                    child.signal(libc::SIGKILL);
                 }
                 tokio::select! {
-                    _ = child.wait() => {}
+                    _ = child.exited() => {}
                     _ = tokio::time::sleep_until(kill_at) => {}
                 }
             }
         }
     }
-    // Whatever is left of the group, CMD's children included, dies now.
-    kill_group(group, libc::SIGKILL);
-    let _ = child.wait().await;
+    // Whatever is left of the group, CMD's children and the guard included, dies now.
+    child.signal(libc::SIGKILL);
 }
