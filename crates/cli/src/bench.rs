@@ -359,6 +359,9 @@ async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyho
         (false, true) => {
             "baton run handoff (command exits -> successor's command running)".to_string()
         }
+        (false, false) if signal == libc::SIGKILL => {
+            format!("{label} (kill -9 of baton run -> successor's command running)")
+        }
         (false, false) => format!("{label} (SIGTERM to baton run -> successor's command running)"),
     };
     let label = label.as_str();
