@@ -2,6 +2,9 @@
 //! loopback: the leader's command must be dead before the successor's starts, and healing the
 //! partition after the lease expired must not resurrect the old leadership.
 
+mod common;
+
+use common::*;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -9,12 +12,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn etcd() -> String {
-    std::env::var("BATON_TEST_ETCD").expect(
-        "BATON_TEST_ETCD is not set: run the tests with scripts/test, which starts a private etcd",
-    )
-}
 
 /// A TCP proxy that can stop forwarding in both directions. While partitioned it reads
 /// nothing, so bytes wait in the kernel's buffers (as with TCP retransmitting into a dead
@@ -81,25 +78,6 @@ fn pump(mut from: TcpStream, mut to: TcpStream, partitioned: Arc<AtomicBool>) {
     let _ = to.shutdown(Shutdown::Both);
 }
 
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
-fn alive(pid: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-        !state.starts_with('Z') && !state.starts_with('X')
-    })
-}
-
-fn read_number(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
 fn start(backend: &str, election: &str, dir: &Path, name: &str) -> Child {
     let script = format!(
         "echo $BATON_TOKEN > {d}/{n}.token.tmp; mv {d}/{n}.token.tmp {d}/{n}.token; \
@@ -124,17 +102,6 @@ fn start(backend: &str, election: &str, dir: &Path, name: &str) -> Child {
         .stderr(stderr)
         .spawn()
         .unwrap()
-}
-
-fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 #[test]

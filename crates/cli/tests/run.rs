@@ -1,82 +1,12 @@
 //! `baton run` as real processes against a real etcd (started by `scripts/test`): kill -9,
 //! SIGSTOP longer than the TTL, SIGTERM handoff, loss, bad input.
 
+mod common;
+
+use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-
-fn etcd() -> String {
-    std::env::var("BATON_TEST_ETCD").expect(
-        "BATON_TEST_ETCD is not set: run the tests with scripts/test, which starts a private etcd",
-    )
-}
-
-fn url() -> String {
-    format!("etcd://{}/baton-cli-test", etcd())
-}
-
-fn baton() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
-    command.env_remove("BATON_BACKEND");
-    command.env_remove("BATON_ELECTION");
-    command.env_remove("BATON_ID");
-    command
-}
-
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(unique(&format!("baton-{name}")));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Waits until `check` returns `Some`, failing after `limit`.
-fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn read_number(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-/// Whether a process exists and is not a zombie.
-fn alive(pid: u64) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-            !state.starts_with('Z') && !state.starts_with('X')
-        }
-        Err(_) => false,
-    }
-}
-
-fn process_group(pid: u64) -> i32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after = stat.rsplit(')').next().unwrap();
-    // Fields after the command: state ppid pgrp ...
-    after.split_whitespace().nth(2).unwrap().parse().unwrap()
-}
-
-fn signal(pid: i32, signal: libc::c_int) {
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe {
-        libc::kill(pid, signal);
-    }
-}
 
 /// One `baton run` whose child records its pid, token and a grandchild's pid in `dir`.
 struct Runner {
@@ -306,19 +236,7 @@ fn deleted_leader_key_kills_the_command_and_exits_3() {
     let mut a = Runner::start(&election, "2s", &dir, "a");
     a.wait_running(Duration::from_secs(5));
     let a_child = a.child_pid().unwrap();
-    let status = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args([
-            "--endpoints",
-            &etcd(),
-            "del",
-            "--prefix",
-            &format!("/baton-cli-test/{election}/"),
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    delete_election_keys(&election);
     wait_for("command killed", Duration::from_secs(1), || {
         (!alive(a_child)).then_some(())
     });
@@ -545,19 +463,7 @@ fn requeue_runs_the_command_again_with_a_larger_token_after_a_loss() {
     let first_pid = wait_for("pid", Duration::from_secs(1), || {
         read_number(&dir.join("pid"))
     });
-    let deleted = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args([
-            "--endpoints",
-            &etcd(),
-            "del",
-            "--prefix",
-            &format!("/baton-cli-test/{election}/"),
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(deleted.success());
+    delete_election_keys(&election);
     let second = wait_for("second term", Duration::from_secs(5), || {
         let t = tokens();
         (t.len() == 2).then_some(t)
