@@ -271,6 +271,16 @@ mod tests {
         ElectionConfig::default().with_ttl(TTL)
     }
 
+    /// A modelled server and a lease granted by it over a link with this one-way latency.
+    async fn granted(latency: Duration) -> (Arc<Mutex<Server>>, LeaseHandle) {
+        let server = Arc::new(Mutex::new(Server::default()));
+        let transport = Transport::new(server.clone(), latency);
+        let handle = start_lease(transport, config(), Clock::new())
+            .await
+            .unwrap();
+        (server, handle)
+    }
+
     /// When `Leadership::lost` resolves for a leadership held under this lease, with a driver
     /// that never reports anything itself.
     async fn local_loss(handle: &LeaseHandle) -> (Instant, baton_core::LossReason) {
@@ -281,14 +291,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn renews_while_the_network_works() {
-        let server = Arc::new(Mutex::new(Server::default()));
-        let handle = start_lease(
-            Transport::new(server.clone(), Duration::from_millis(5)),
-            config(),
-            Clock::new(),
-        )
-        .await
-        .unwrap();
+        let (server, handle) = granted(Duration::from_millis(5)).await;
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(handle.is_live());
         // A renewal every ttl/3 for a minute.
@@ -298,14 +301,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn stalled_renewals_end_leadership_before_the_server_expires_the_lease() {
-        let server = Arc::new(Mutex::new(Server::default()));
-        let handle = start_lease(
-            Transport::new(server.clone(), Duration::from_millis(20)),
-            config(),
-            Clock::new(),
-        )
-        .await
-        .unwrap();
+        let (server, handle) = granted(Duration::from_millis(20)).await;
         tokio::time::sleep(Duration::from_millis(5_000)).await;
         server.lock().unwrap().partitioned = true;
         let (lost_at, reason) = local_loss(&handle).await;
@@ -324,14 +320,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn partition_healing_after_expiry_never_resurrects_the_lease() {
-        let server = Arc::new(Mutex::new(Server::default()));
-        let handle = start_lease(
-            Transport::new(server.clone(), Duration::from_millis(20)),
-            config(),
-            Clock::new(),
-        )
-        .await
-        .unwrap();
+        let (server, handle) = granted(Duration::from_millis(20)).await;
         tokio::time::sleep(Duration::from_millis(1_000)).await;
         server.lock().unwrap().partitioned = true;
         let partitioned_at = Instant::now();
@@ -358,14 +347,7 @@ mod tests {
     async fn slow_answers_are_counted_from_their_send_time() {
         // 700 ms each way: every answer is 1.4 s old when it arrives. The deadline must track
         // the send time, so the holder stays strictly inside the server's lease.
-        let server = Arc::new(Mutex::new(Server::default()));
-        let handle = start_lease(
-            Transport::new(server.clone(), Duration::from_millis(700)),
-            config(),
-            Clock::new(),
-        )
-        .await
-        .unwrap();
+        let (server, handle) = granted(Duration::from_millis(700)).await;
         let mut view = handle.view.clone();
         for _ in 0..20 {
             if view.changed().await.is_err() {
@@ -380,14 +362,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn dropping_the_handle_revokes() {
-        let server = Arc::new(Mutex::new(Server::default()));
-        let handle = start_lease(
-            Transport::new(server.clone(), Duration::from_millis(1)),
-            config(),
-            Clock::new(),
-        )
-        .await
-        .unwrap();
+        let (server, handle) = granted(Duration::from_millis(1)).await;
         handle.revoke().await;
         assert_eq!(server.lock().unwrap().expires_at, None);
     }
