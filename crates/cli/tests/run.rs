@@ -329,93 +329,36 @@ fn lab_runs_without_a_backend_and_repeats_itself_exactly() {
 
 #[test]
 fn bad_input_gets_one_line_and_exit_code_2() {
-    let cases: Vec<Vec<String>> = vec![
-        vec![
-            "run".into(),
-            "--backend".into(),
-            "nope://x:1".into(),
-            "--election".into(),
-            "e".into(),
-            "--".into(),
-            "true".into(),
-        ],
-        vec![
-            "run".into(),
-            "--backend".into(),
-            "etcd://127.0.0.1:1/x".into(),
-            "--election".into(),
-            "e".into(),
-            "--".into(),
-            "true".into(),
-        ],
-        vec![
-            "run".into(),
-            "--backend".into(),
-            url(),
-            "--election".into(),
-            "e".into(),
-            "--ttl".into(),
-            "10".into(),
-            "--".into(),
-            "true".into(),
-        ],
-        vec![
-            "run".into(),
-            "--backend".into(),
-            url(),
-            "--election".into(),
-            "e".into(),
-            "--ttl".into(),
-            "0s".into(),
-            "--".into(),
-            "true".into(),
-        ],
-        vec![
-            "run".into(),
-            "--backend".into(),
-            url(),
-            "--election".into(),
-            "e".into(),
-        ],
-        vec![
-            "run".into(),
-            "--backend".into(),
-            url(),
-            "--election".into(),
-            "a/b".into(),
-            "--".into(),
-            "true".into(),
-        ],
-        vec![
-            "run".into(),
-            "--backend".into(),
-            url(),
-            "--election".into(),
-            "e".into(),
-            "--grace".into(),
-            "soon".into(),
-            "--".into(),
-            "true".into(),
-        ],
-        vec![
-            "leader".into(),
-            "--backend".into(),
-            "etcd://127.0.0.1".into(),
-            "--election".into(),
-            "e".into(),
-        ],
-        vec!["observe".into(), "--election".into(), "e".into()],
-        vec!["frobnicate".into()],
-        vec!["lab".into(), "--algorithms".into(), "paxos".into()],
-        vec!["lab".into(), "--nodes".into(), "1".into()],
-        vec![
-            "bench".into(),
-            "handoff".into(),
-            "--backend".into(),
-            "etcd://127.0.0.1:1/x".into(),
-        ],
+    // URL stands for the test etcd's URL.
+    let cases = [
+        "run --backend nope://x:1 --election e -- true",
+        "run --backend etcd://127.0.0.1:1/x --election e -- true",
+        "run --backend URL --election e --ttl 10 -- true",
+        "run --backend URL --election e --ttl 0s -- true",
+        "run --backend URL --election e --ttl 1500ms -- true",
+        "run --backend URL --election e",
+        "run --backend URL --election a/b -- true",
+        "run --backend URL --election e --grace soon -- true",
+        "run --backend URL --election e --max-drift-ppm 600000 -- true",
+        "leader --backend etcd://127.0.0.1 --election e",
+        "observe --election e",
+        "frobnicate",
+        "lab --algorithms paxos",
+        "lab --nodes 1",
+        "bench handoff --backend etcd://127.0.0.1:1/x",
     ];
-    for args in cases {
+    let url = url();
+    for case in cases {
+        let args: Vec<String> = case
+            .split_whitespace()
+            .map(|arg| {
+                if arg == "URL" {
+                    url.clone()
+                } else {
+                    arg.to_string()
+                }
+            })
+            .collect();
         let output = baton().args(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
