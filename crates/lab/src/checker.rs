@@ -299,19 +299,8 @@ mod tests {
 
     fn trace(leaderships: Vec<LeadershipInterval>) -> Trace {
         Trace {
-            nodes: 3,
-            seed: 0,
-            duration: 100,
             leaderships,
-            writes: Vec::new(),
-            faults: Vec::new(),
-            violations: Vec::new(),
-            violation_counts: [0; 3],
-            messages: 0,
-            election_messages: 0,
-            events: 0,
-            overflow: 0,
-            hash: 0,
+            ..Trace::new(3, 0, 100)
         }
     }
 

@@ -251,6 +251,27 @@ pub struct Trace {
     pub hash: u64,
 }
 
+impl Trace {
+    /// The trace of a run that has recorded nothing yet.
+    pub(crate) fn new(nodes: usize, seed: u64, duration: Nanos) -> Trace {
+        Trace {
+            nodes,
+            seed,
+            duration,
+            leaderships: Vec::new(),
+            writes: Vec::new(),
+            faults: Vec::new(),
+            violations: Vec::new(),
+            violation_counts: [0; 3],
+            messages: 0,
+            election_messages: 0,
+            events: 0,
+            overflow: 0,
+            hash: 0,
+        }
+    }
+}
+
 /// 64-bit FNV-1a, written out so that trace hashes never change with a dependency.
 #[derive(Debug, Clone, Copy)]
 struct Fnv(u64);
@@ -522,21 +543,7 @@ impl<'a, A: Algorithm> Sim<'a, A> {
             token_holders: BTreeMap::new(),
             outbox: Vec::new(),
             hash: Fnv::new(),
-            trace: Trace {
-                nodes,
-                seed: config.seed,
-                duration: nanos(scenario.duration),
-                leaderships: Vec::new(),
-                writes: Vec::new(),
-                faults: Vec::new(),
-                violations: Vec::new(),
-                violation_counts: [0; 3],
-                messages: 0,
-                election_messages: 0,
-                events: 0,
-                overflow: 0,
-                hash: 0,
-            },
+            trace: Trace::new(nodes, config.seed, nanos(scenario.duration)),
         }
     }
 

@@ -1,6 +1,8 @@
 //! Property tests over many seeds, one per safety claim of the lab. Each failure prints the
 //! seed and the command that replays it. `BATON_LAB_SEEDS` overrides the number of seeds.
 
+use std::fmt::Display;
+
 use baton_lab::checker::{
     check_no_fenced_stale_write, check_no_overlap, check_one_leader_per_token, summarize,
 };
@@ -27,8 +29,33 @@ fn run(
     run_algorithm(kind, options, &scenario, config)
 }
 
+/// The lease recipe's run of `scenario` with `seed`, every node's clock off by up to
+/// `clock_drift_ppm`.
+fn lease(scenario: &str, seed: u64, clock_drift_ppm: u32) -> Trace {
+    let config = SimConfig {
+        seed,
+        clock_drift_ppm,
+        ..SimConfig::default()
+    };
+    run(
+        AlgorithmKind::Lease,
+        AlgorithmOptions::default(),
+        scenario,
+        &config,
+    )
+}
+
 fn replay(kind: AlgorithmKind, scenario: &str, seed: u64) -> String {
     format!("replay: baton lab -a {kind} -s {scenario} --seed {seed}")
+}
+
+/// Fails on `violation`, found in `kind`'s run of `scenario` with `seed` (described as `run`),
+/// printing the command that replays it.
+fn fail(kind: AlgorithmKind, scenario: &str, seed: u64, run: &str, violation: impl Display) -> ! {
+    panic!(
+        "seed {seed}: {run}: {violation}; {}",
+        replay(kind, scenario, seed)
+    )
 }
 
 #[test]
@@ -49,21 +76,16 @@ fn raft_never_elects_two_leaders_in_one_term() {
                     ..SimConfig::default()
                 };
                 let trace = run(AlgorithmKind::Raft, options, scenario, &config);
+                let described = format!("{scenario} ({options:?})");
                 if let Some(violation) = trace
                     .violations
                     .iter()
                     .find(|v| matches!(v, baton_lab::sim::Violation::SharedToken { .. }))
                 {
-                    panic!(
-                        "seed {seed}: {scenario} ({options:?}): {violation}; {}",
-                        replay(AlgorithmKind::Raft, scenario, seed)
-                    );
+                    fail(AlgorithmKind::Raft, scenario, seed, &described, violation);
                 }
                 if let Err(violation) = check_one_leader_per_token(&trace) {
-                    panic!(
-                        "seed {seed}: {scenario} ({options:?}): {violation}; {}",
-                        replay(AlgorithmKind::Raft, scenario, seed)
-                    );
+                    fail(AlgorithmKind::Raft, scenario, seed, &described, violation);
                 }
             }
         }
@@ -121,28 +143,12 @@ fn lease_never_has_two_holders_while_drift_stays_within_its_bound() {
     for seed in seeds() {
         for scenario in BUILTIN.iter().filter(|name| **name != "clock-drift") {
             // Every node's clock off by up to the full 1% bound, either way.
-            let config = SimConfig {
-                seed,
-                clock_drift_ppm: 10_000,
-                ..SimConfig::default()
-            };
-            let trace = run(
-                AlgorithmKind::Lease,
-                AlgorithmOptions::default(),
-                scenario,
-                &config,
-            );
+            let trace = lease(scenario, seed, 10_000);
             if let Some(violation) = trace.violations.first() {
-                panic!(
-                    "seed {seed}: {scenario}: {violation}; {}",
-                    replay(AlgorithmKind::Lease, scenario, seed)
-                );
+                fail(AlgorithmKind::Lease, scenario, seed, scenario, violation);
             }
             if let Err(violation) = check_no_overlap(&trace) {
-                panic!(
-                    "seed {seed}: {scenario}: {violation}; {}",
-                    replay(AlgorithmKind::Lease, scenario, seed)
-                );
+                fail(AlgorithmKind::Lease, scenario, seed, scenario, violation);
             }
         }
     }
@@ -155,22 +161,9 @@ fn lease_with_fencing_accepts_no_stale_write_even_beyond_the_bound() {
     for seed in seeds() {
         for scenario in BUILTIN {
             // Clocks far outside the bound everywhere, on top of the scenario's faults.
-            let config = SimConfig {
-                seed,
-                clock_drift_ppm: 200_000,
-                ..SimConfig::default()
-            };
-            let trace = run(
-                AlgorithmKind::Lease,
-                AlgorithmOptions::default(),
-                scenario,
-                &config,
-            );
+            let trace = lease(scenario, seed, 200_000);
             if let Err(violation) = check_no_fenced_stale_write(&trace) {
-                panic!(
-                    "seed {seed}: {scenario}: {violation}; {}",
-                    replay(AlgorithmKind::Lease, scenario, seed)
-                );
+                fail(AlgorithmKind::Lease, scenario, seed, scenario, violation);
             }
             assert_eq!(trace.violation_counts[2], 0, "seed {seed}: {scenario}");
             overlapping_runs += u64::from(check_no_overlap(&trace).is_err());

@@ -348,10 +348,6 @@ impl super::Algorithm for Bully {
     fn node(&self, id: NodeId, nodes: usize, _stable: Option<&()>) -> BullyNode {
         BullyNode::new(id, nodes, self.config)
     }
-
-    fn infrastructure(&self, _nodes: usize) -> Vec<BullyNode> {
-        Vec::new()
-    }
 }
 
 impl Process for BullyNode {

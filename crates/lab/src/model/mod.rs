@@ -93,8 +93,11 @@ pub trait Algorithm {
     ) -> Self::Process;
 
     /// Always-correct infrastructure endpoints, numbered from `nodes` upwards (never crash,
-    /// never pause, run on the reference clock; partitions still cut them off).
-    fn infrastructure(&self, nodes: usize) -> Vec<Self::Process>;
+    /// never pause, run on the reference clock; partitions still cut them off). None by
+    /// default: in bully, ring and Raft every endpoint is a node.
+    fn infrastructure(&self, _nodes: usize) -> Vec<Self::Process> {
+        Vec::new()
+    }
 }
 
 /// The members of a `u32` bit mask, lowest first.

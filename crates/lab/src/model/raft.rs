@@ -502,10 +502,6 @@ impl super::Algorithm for Raft {
     fn node(&self, id: NodeId, nodes: usize, stable: Option<&Stable>) -> RaftNode {
         RaftNode::new(id, nodes, self.config, stable.copied())
     }
-
-    fn infrastructure(&self, _nodes: usize) -> Vec<RaftNode> {
-        Vec::new()
-    }
 }
 
 impl Process for RaftNode {
@@ -693,19 +689,7 @@ mod tests {
 
     #[test]
     fn stale_leader_learns_the_newer_term_and_steps_down() {
-        let mut node = node(0, RaftConfig::default());
-        node.handle_timeout(at(850), 0);
-        node.handle_message(
-            at(860),
-            0,
-            1,
-            Message::Vote {
-                term: 1,
-                granted: true,
-            },
-        );
-        drain(&mut node);
-        assert_eq!(node.role(), Role::Leader);
+        let mut node = leader(RaftConfig::default());
         // Until someone tells it, it still believes it leads: heartbeats go out.
         node.handle_timeout(at(1010), 0);
         assert_eq!(
@@ -790,6 +774,24 @@ mod tests {
         assert_eq!(follower.term(), 5);
     }
 
+    /// Node 0, elected in term 1 by node 1's vote at 860 ms, its actions drained.
+    fn leader(config: RaftConfig) -> RaftNode {
+        let mut node = node(0, config);
+        node.handle_timeout(at(850), 0);
+        node.handle_message(
+            at(860),
+            0,
+            1,
+            Message::Vote {
+                term: 1,
+                granted: true,
+            },
+        );
+        drain(&mut node);
+        assert_eq!(node.role(), Role::Leader);
+        node
+    }
+
     fn node_following(config: RaftConfig) -> RaftNode {
         let mut node = node(1, config);
         node.handle_message(at(100), 0, 0, Message::Heartbeat { term: 5 });
@@ -809,18 +811,7 @@ mod tests {
             check_quorum: true,
             ..RaftConfig::default()
         };
-        let mut node = node(0, config);
-        node.handle_timeout(at(850), 0);
-        node.handle_message(
-            at(860),
-            0,
-            1,
-            Message::Vote {
-                term: 1,
-                granted: true,
-            },
-        );
-        drain(&mut node);
+        let mut node = leader(config);
         assert_eq!(node.poll_timeout(), Some(at(1010)));
         // Node 1 answers for a while, then everyone goes silent.
         node.handle_message(at(900), 0, 1, Message::HeartbeatReply { term: 1 });
@@ -836,17 +827,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "two leaders in term")]
     fn a_second_leader_in_the_same_term_is_a_bug() {
-        let mut node = node(0, RaftConfig::default());
-        node.handle_timeout(at(850), 0);
-        node.handle_message(
-            at(860),
-            0,
-            1,
-            Message::Vote {
-                term: 1,
-                granted: true,
-            },
-        );
+        let mut node = leader(RaftConfig::default());
         node.handle_message(at(870), 0, 2, Message::Heartbeat { term: 1 });
     }
 }

@@ -441,10 +441,6 @@ impl super::Algorithm for Ring {
     fn node(&self, id: NodeId, nodes: usize, _stable: Option<&()>) -> RingNode {
         RingNode::new(id, nodes, self.config)
     }
-
-    fn infrastructure(&self, _nodes: usize) -> Vec<RingNode> {
-        Vec::new()
-    }
 }
 
 impl Process for RingNode {
@@ -514,6 +510,15 @@ mod tests {
         }
     }
 
+    fn coordinator(initiator: NodeId, leader: NodeId, epoch: u64, visited: u32) -> Circulating {
+        Circulating::Coordinator {
+            initiator,
+            leader,
+            epoch,
+            visited,
+        }
+    }
+
     #[test]
     fn election_goes_to_the_successor_which_adds_itself() {
         let mut node = RingNode::new(1, 3, RingConfig::default());
@@ -548,18 +553,7 @@ mod tests {
             drain(&mut node),
             vec![
                 send(2, Message::Ack { seq: 4 }),
-                send(
-                    1,
-                    ring(
-                        1,
-                        Circulating::Coordinator {
-                            initiator: 0,
-                            leader: 2,
-                            epoch: 3,
-                            visited: 0b001
-                        }
-                    )
-                )
+                send(1, ring(1, coordinator(0, 2, 3, 0b001)))
             ]
         );
         assert_eq!(node.leader(), Some(2));
@@ -569,13 +563,7 @@ mod tests {
     #[test]
     fn announced_leader_starts_leading_and_heartbeats() {
         let mut node = RingNode::new(2, 3, RingConfig::default());
-        let coordinator = Circulating::Coordinator {
-            initiator: 0,
-            leader: 2,
-            epoch: 3,
-            visited: 0b011,
-        };
-        node.handle_message(at(10), 1, ring(7, coordinator));
+        node.handle_message(at(10), 1, ring(7, coordinator(0, 2, 3, 0b011)));
         assert_eq!(
             drain(&mut node),
             vec![
@@ -584,18 +572,7 @@ mod tests {
                 send(0, Message::Heartbeat { epoch: 3 }),
                 send(1, Message::Heartbeat { epoch: 3 }),
                 // The announcement goes on to node 0, its initiator, which will stop it.
-                send(
-                    0,
-                    ring(
-                        0,
-                        Circulating::Coordinator {
-                            initiator: 0,
-                            leader: 2,
-                            epoch: 3,
-                            visited: 0b111
-                        }
-                    )
-                ),
+                send(0, ring(0, coordinator(0, 2, 3, 0b111))),
             ]
         );
         assert_eq!(node.leader_epoch(), Some(3));
