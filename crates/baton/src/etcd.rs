@@ -683,8 +683,19 @@ impl CandidateDriver {
         };
         let watch = &mut self.watch;
         let stats = &self.backend.stats;
+        let has_key = matches!(
+            self.core.state(),
+            baton_core::CandidateState::Queued { .. }
+                | baton_core::CandidateState::Positioning { .. }
+                | baton_core::CandidateState::Leading { .. }
+        );
         let deleted = async {
             let Some(stream) = watch.as_mut() else {
+                if has_key {
+                    // The watch could not be reopened: try again shortly.
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    return Wake::WatchBroken;
+                }
                 return std::future::pending().await;
             };
             loop {
@@ -728,41 +739,49 @@ impl CandidateDriver {
         }
     }
 
-    /// After a broken watch: find out from scratch where we stand.
+    /// After a broken watch (connection lost, compaction): find out from scratch where we
+    /// stand. Our key must still exist with our revision; then the watch is reopened from the
+    /// revision of that read (nothing older is replayed, so compaction cannot break it again),
+    /// and a waiter looks for its predecessor anew. If etcd cannot be reached, the watch stays
+    /// closed and [`CandidateDriver::wait`] tries again shortly; the lease's local deadline
+    /// bounds how long a leader can act meanwhile.
     async fn recheck(&mut self) {
         self.watch = None;
         tokio::time::sleep(RETRY_PAUSE).await;
-        match self.core.state() {
-            baton_core::CandidateState::Queued { predecessor, .. } => {
-                self.core.handle_predecessor_deleted(predecessor)
-            }
-            baton_core::CandidateState::Leading { token } => {
-                match self.own_key_exists(token as i64).await {
-                    Ok(true) => {
-                        if self.open_watch(token as i64).await.is_err() {
-                            self.watch = None;
-                        }
-                    }
-                    Ok(false) => self.core.handle_key_deleted(),
-                    // Unreachable: keep trying; the lease deadline bounds how long we lead.
-                    Err(_) => {}
-                }
-            }
-            _ => {}
+        let own_revision = match self.core.state() {
+            baton_core::CandidateState::Queued { own_revision, .. }
+            | baton_core::CandidateState::Positioning { own_revision } => own_revision,
+            baton_core::CandidateState::Leading { token } => token,
+            _ => return,
+        } as i64;
+        let read_revision = match self.own_key_revision(own_revision).await {
+            Ok(Some(read_revision)) => read_revision,
+            Ok(None) => return self.core.handle_key_deleted(),
+            Err(_) => return,
+        };
+        if self.open_watch(read_revision + 1).await.is_err() {
+            self.watch = None;
+            return;
+        }
+        if let baton_core::CandidateState::Queued { predecessor, .. } = self.core.state() {
+            self.core.handle_predecessor_deleted(predecessor);
         }
     }
 
-    async fn own_key_exists(&mut self, revision: i64) -> Result<bool> {
+    /// `Some(revision of the read)` if our key exists with `own_revision`, `None` if not.
+    async fn own_key_revision(&mut self, own_revision: i64) -> Result<Option<i64>> {
         let response = request(
             &self.backend.stats,
             "get own key",
             self.client.get(self.own_key.clone(), None),
         )
         .await?;
-        Ok(response
+        let read_revision = response.header().map_or(0, |h| h.revision());
+        let exists = response
             .kvs()
             .first()
-            .is_some_and(|kv| kv.create_revision() == revision))
+            .is_some_and(|kv| kv.create_revision() == own_revision);
+        Ok(exists.then_some(read_revision))
     }
 
     async fn perform(&mut self, action: CandidateAction) {
@@ -793,7 +812,7 @@ impl CandidateDriver {
         loop {
             match self.try_create_key().await {
                 Ok(revision) => {
-                    if let Err(error) = self.open_watch(revision).await {
+                    if let Err(error) = self.open_watch(revision + 1).await {
                         // Without a watch we cannot hear of deletions: delete and retry.
                         let _ = self.try_delete(revision).await;
                         if self.give_up(error).await {
@@ -866,12 +885,12 @@ impl CandidateDriver {
         })
     }
 
-    /// Watches our own key (deletions only) from just after its creation.
-    async fn open_watch(&mut self, own_revision: i64) -> Result<()> {
+    /// Watches our own key (deletions only) from `start_revision`.
+    async fn open_watch(&mut self, start_revision: i64) -> Result<()> {
         let options = WatchOptions::new()
             .with_filters([WatchFilterType::NoPut])
             .with_prev_key()
-            .with_start_revision(own_revision + 1);
+            .with_start_revision(start_revision);
         let stream = request(
             &self.backend.stats,
             "watch own key",
@@ -973,6 +992,10 @@ impl CandidateDriver {
                 .with_filters([WatchFilterType::NoPut])
                 .with_prev_key()
                 .with_start_revision(read_revision + 1);
+            if self.watch.is_none() {
+                // Our key exists as of `read_revision` (the transaction checked it).
+                self.open_watch(read_revision + 1).await?;
+            }
             let Some(stream) = self.watch.as_mut() else {
                 return Err(Error::Closed);
             };

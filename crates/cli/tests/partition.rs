@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 struct Proxy {
     port: u16,
     partitioned: Arc<AtomicBool>,
+    connections: Arc<std::sync::Mutex<Vec<TcpStream>>>,
 }
 
 impl Proxy {
@@ -27,12 +28,15 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let partitioned = Arc::new(AtomicBool::new(false));
         let flag = partitioned.clone();
+        let connections = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let open = connections.clone();
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
                 let Ok(server) = TcpStream::connect(&upstream) else {
                     continue;
                 };
+                open.lock().unwrap().push(client.try_clone().unwrap());
                 for (from, to) in [
                     (client.try_clone().unwrap(), server.try_clone().unwrap()),
                     (server, client),
@@ -42,7 +46,18 @@ impl Proxy {
                 }
             }
         });
-        Proxy { port, partitioned }
+        Proxy {
+            port,
+            partitioned,
+            connections,
+        }
+    }
+
+    /// Closes every connection made so far (as a crashed load balancer or NAT would).
+    fn reset(&self) {
+        for connection in self.connections.lock().unwrap().drain(..) {
+            let _ = connection.shutdown(Shutdown::Both);
+        }
     }
 
     fn set_partitioned(&self, partitioned: bool) {
@@ -164,4 +179,64 @@ fn partitioned_leader_stops_before_the_successor_starts_and_stays_stopped_after_
         // SAFETY: kill has no memory-safety preconditions.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
+}
+
+#[test]
+fn after_its_connections_are_reset_a_leader_still_hears_of_its_key_being_deleted() {
+    let dir: PathBuf = std::env::temp_dir().join(unique("baton-reset"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let election = unique("reset");
+    let proxy = Proxy::start(etcd());
+    let through_proxy = format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port);
+    let mut a = start(&through_proxy, &election, &dir, "a");
+    wait_for("a runs", Duration::from_secs(5), || {
+        read_number(&dir.join("a.token"))
+    });
+    let a_pid = wait_for("a's pid", Duration::from_secs(1), || {
+        read_number(&dir.join("a.pid"))
+    });
+    // Cut every connection: renewals and the watch on a's own key break and must be rebuilt.
+    proxy.reset();
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert!(alive(a_pid), "a reconnects and keeps its lease");
+    assert!(a.try_wait().unwrap().is_none());
+    // The rebuilt watch reports the deletion of a's key: a stops at once.
+    delete_election_keys(&election);
+    wait_for("a's command killed", Duration::from_secs(2), || {
+        (!alive(a_pid)).then_some(())
+    });
+    let status = wait_for("a exits", Duration::from_secs(2), || a.try_wait().unwrap());
+    assert_eq!(status.code(), Some(3));
+    let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap();
+    assert!(stderr.contains("leader key deleted"), "{stderr}");
+}
+
+#[test]
+fn after_its_connections_are_reset_a_waiter_still_takes_over() {
+    let dir: PathBuf = std::env::temp_dir().join(unique("baton-reset-waiter"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let election = unique("reset-waiter");
+    let proxy = Proxy::start(etcd());
+    let through_proxy = format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port);
+    let direct = format!("etcd://{}/baton-cli-test", etcd());
+    let mut leader = start(&direct, &election, &dir, "l");
+    wait_for("leader runs", Duration::from_secs(5), || {
+        read_number(&dir.join("l.token"))
+    });
+    let mut waiter = start(&through_proxy, &election, &dir, "w");
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.reset();
+    std::thread::sleep(Duration::from_millis(1_000));
+    assert!(
+        waiter.try_wait().unwrap().is_none(),
+        "the waiter keeps campaigning"
+    );
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(leader.id() as i32, libc::SIGTERM) };
+    leader.wait().unwrap();
+    wait_for("waiter runs", Duration::from_secs(3), || {
+        read_number(&dir.join("w.token"))
+    });
+    let _ = waiter.kill();
+    let _ = waiter.wait();
 }
