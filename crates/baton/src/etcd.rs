@@ -178,6 +178,7 @@ impl EtcdBackend {
             stream: None,
             stats: self.stats.clone(),
             on_grant: None,
+            gone: false,
         };
         let (id_tx, id_rx) = tokio::sync::oneshot::channel();
         transport.on_grant = Some(id_tx);
@@ -505,6 +506,8 @@ struct EtcdLeaseTransport {
     stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     stats: Arc<Stats>,
     on_grant: Option<tokio::sync::oneshot::Sender<i64>>,
+    /// The server said the lease no longer exists.
+    gone: bool,
 }
 
 impl LeaseTransport for EtcdLeaseTransport {
@@ -527,12 +530,16 @@ impl LeaseTransport for EtcdLeaseTransport {
         if self.stream.is_none() {
             // Opening the renewal stream is renewal traffic, counted with the renewals.
             self.stats.renewals.fetch_add(1, Ordering::Relaxed);
-            let opened = self
-                .client
-                .lease_keep_alive(self.id)
-                .await
-                .map_err(|error| backend_error("lease keepalive", error))?;
-            self.stream = Some(opened);
+            match self.client.lease_keep_alive(self.id).await {
+                Ok(opened) => self.stream = Some(opened),
+                // etcd-client reports a lease the server no longer knows (TTL ≤ 0 on the
+                // opening renewal) this way: the lease is gone, not the network.
+                Err(etcd_client::Error::LeaseKeepAliveError(_)) => {
+                    self.gone = true;
+                    return Ok(());
+                }
+                Err(error) => return Err(backend_error("lease keepalive", error)),
+            }
         }
         let (keeper, _) = self.stream.as_mut().expect("opened above");
         self.stats.renewals.fetch_add(1, Ordering::Relaxed);
@@ -544,6 +551,9 @@ impl LeaseTransport for EtcdLeaseTransport {
     }
 
     async fn next_renewal(&mut self) -> Result<Duration> {
+        if self.gone {
+            return Ok(Duration::ZERO);
+        }
         let Some((_, stream)) = self.stream.as_mut() else {
             return std::future::pending().await;
         };
@@ -923,7 +933,10 @@ impl CandidateDriver {
                 Err(error) => {
                     if !error.is_retryable() || self.lease_over() {
                         self.core.handle_backend_failed();
-                        let _ = self.leaderships.try_send(Err(error));
+                        // With requeue the core campaigns again; the caller hears nothing.
+                        if !self.config.requeue {
+                            let _ = self.leaderships.try_send(Err(error));
+                        }
                         return;
                     }
                     tokio::time::sleep(RETRY_PAUSE).await;
@@ -1009,6 +1022,12 @@ impl CandidateDriver {
     }
 
     fn elected(&mut self, token: u64) {
+        if self.lease_over() {
+            // Elected from a buffered event after our lease ran out (say, after a pause):
+            // the key may already be gone at the server and a rival leading. Never announce it.
+            self.core.handle_lease_expired();
+            return;
+        }
         let lease = self.lease.as_ref().expect("elected under a lease");
         let (status_tx, status_rx) = watch::channel(Status::Leading);
         self.status = Some(status_tx);

@@ -3,13 +3,17 @@
 //! `baton run` starts `baton __guard -- CMD ARGS` as the leader of a new process group *while
 //! it campaigns*, so that the guard's own start-up is off the handoff's critical path. The guard
 //! arranges to be told when its parent dies (`PR_SET_PDEATHSIG`), then waits on its control pipe
-//! (file descriptor 3) for the fencing token. When the token arrives it starts CMD in the same
-//! group with `BATON_TOKEN` set and waits for it; if the pipe closes first it exits quietly. If the supervisor dies, even by SIGKILL, the guard's signal
-//! handler SIGKILLs the whole group, CMD's own children included, so no orphaned leader can go on
-//! acting. The guard ignores a plain SIGTERM to the group (CMD gets it and decides) so that it
-//! can report CMD's exit status, which `baton run` propagates.
+//! (fd 3) for `TOKEN DEADLINE`. It starts CMD in the same group with `BATON_TOKEN` set; if the
+//! pipe closes first it exits quietly.
+//!
+//! While CMD runs the guard is a dead-man switch: the supervisor sends every later local deadline
+//! (`CLOCK_MONOTONIC` nanoseconds) down the control pipe, and the guard SIGKILLs the whole group
+//! when the last deadline it heard of passes. So a supervisor that is killed (parent-death
+//! signal), frozen, or stalled (say, blocked writing to a full stderr pipe) cannot leave CMD
+//! acting past its lease. When CMD exits, the guard writes its exit code to the status pipe
+//! (fd 4) at once and exits with the same code. The guard ignores a plain SIGTERM to the group
+//! (CMD gets it and decides).
 
-use std::io::BufRead;
 use std::os::fd::FromRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
@@ -65,49 +69,148 @@ pub fn main(command: &[std::ffi::OsString]) -> ! {
         eprintln!("baton: error: __guard needs a command");
         std::process::exit(2);
     };
-    // SAFETY: `baton run` hands us fd 3 as the read end of the control pipe and nothing else
-    // in this process owns it. Dropping the reader closes it, so CMD does not inherit it.
-    let control = unsafe { std::fs::File::from_raw_fd(CONTROL_FD) };
-    let mut line = String::new();
-    let read = std::io::BufReader::new(control).read_line(&mut line);
-    let token = match (read, line.trim().parse::<u64>()) {
-        (Ok(_), Ok(token)) => token,
-        // The supervisor stopped before winning (or died): nothing to run.
-        _ => std::process::exit(0),
-    };
-    // SAFETY: fd 4 is the status pipe's write end, handed to us by `baton run` and owned by
-    // nothing else here. Close-on-exec keeps it away from CMD.
-    let mut status_pipe = unsafe {
+    // Both pipes stay open in the guard but must not leak into CMD.
+    // SAFETY: fcntl on descriptors `baton run` set up for us.
+    unsafe {
+        libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC);
         libc::fcntl(STATUS_FD, libc::F_SETFD, libc::FD_CLOEXEC);
-        std::fs::File::from_raw_fd(STATUS_FD)
+    }
+    let mut control = Control::default();
+    // The first line is "TOKEN DEADLINE"; nothing (the pipe closed) means the supervisor
+    // stopped before winning, or died: nothing to run.
+    let first = control.next_line(None).unwrap_or_default();
+    let mut fields = first.split_whitespace();
+    let (Some(Ok(token)), Some(Ok(mut deadline))) = (
+        fields.next().map(str::parse::<u64>),
+        fields.next().map(str::parse::<u64>),
+    ) else {
+        std::process::exit(0);
     };
-    let status = Command::new(program)
+    let child = Command::new(program)
         .args(args)
         .env("BATON_TOKEN", token.to_string())
         .env_remove("BATON_SUPERVISOR_PID")
-        .status();
-    match status {
-        Ok(status) => {
-            let code = match (status.code(), status.signal()) {
-                (Some(code), _) => code,
-                (None, Some(signal)) => 128 + signal,
-                (None, None) => 1,
-            };
-            use std::io::Write;
-            let _ = writeln!(status_pipe, "{code}");
-            std::process::exit(code)
-        }
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
         Err(error) => {
             eprintln!(
                 "baton: error: cannot start {}: {error}",
                 program.to_string_lossy()
             );
-            // 127 is the shell's "command not found".
+            // 126/127 as the shell reports "cannot execute" / "command not found".
             std::process::exit(if error.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
                 126
             });
+        }
+    };
+    std::thread::spawn(move || {
+        let code = match child.wait() {
+            Ok(status) => match (status.code(), status.signal()) {
+                (Some(code), _) => code,
+                (None, Some(signal)) => 128 + signal,
+                (None, None) => 1,
+            },
+            Err(_) => 1,
+        };
+        // SAFETY: fd 4 is the status pipe's write end, owned by nothing else in this process.
+        let mut status_pipe = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
+        use std::io::Write;
+        let _ = writeln!(status_pipe, "{code}");
+        std::process::exit(code)
+    });
+    // The dead-man switch: the supervisor sends each new local deadline; if it stops doing so
+    // (stopped, stalled, blocked writing a log line) the group dies at the last one it sent.
+    loop {
+        let now = monotonic_nanos();
+        if now >= deadline {
+            eprintln!("baton: guard: the local deadline passed without word from the supervisor; killing the command");
+            kill_group(0);
+        }
+        match control.next_line(Some(deadline - now)) {
+            Some(line) => {
+                if let Ok(next) = line.trim().parse::<u64>() {
+                    deadline = deadline.max(next);
+                }
+            }
+            None if control.closed => {
+                // The supervisor closed the pipe: keep enforcing the last deadline.
+                let wait = deadline.saturating_sub(monotonic_nanos());
+                std::thread::sleep(std::time::Duration::from_nanos(wait));
+            }
+            None => {}
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock both `baton run` and the guard measure
+/// deadlines on (it is what tokio's and std's `Instant` use on Linux).
+pub fn monotonic_nanos() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now);
+    }
+    (now.tv_sec as u64) * 1_000_000_000 + now.tv_nsec as u64
+}
+
+/// Lines from the control pipe, read without blocking past a timeout.
+#[derive(Default)]
+struct Control {
+    buffer: Vec<u8>,
+    closed: bool,
+}
+
+impl Control {
+    /// The next complete line; `None` on timeout or once the pipe is closed.
+    fn next_line(&mut self, timeout_nanos: Option<u64>) -> Option<String> {
+        loop {
+            if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=end).collect();
+                return Some(String::from_utf8_lossy(&line).into_owned());
+            }
+            if self.closed || self.buffer.len() > 4096 {
+                return None;
+            }
+            let mut poll = libc::pollfd {
+                fd: CONTROL_FD,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let timeout_ms = match timeout_nanos {
+                // Round up so we never wake just before the deadline and spin.
+                Some(nanos) => i32::try_from(nanos.div_ceil(1_000_000)).unwrap_or(i32::MAX),
+                None => -1,
+            };
+            // SAFETY: poll and read on our own descriptor and buffers.
+            let ready = unsafe { libc::poll(&mut poll, 1, timeout_ms) };
+            if ready == 0 {
+                return None;
+            }
+            if ready < 0 {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                self.closed = true;
+                return None;
+            }
+            let mut chunk = [0u8; 256];
+            let read = unsafe { libc::read(CONTROL_FD, chunk.as_mut_ptr().cast(), chunk.len()) };
+            match read {
+                n if n > 0 => self.buffer.extend_from_slice(&chunk[..n as usize]),
+                n if n < 0
+                    && std::io::Error::last_os_error().kind()
+                        == std::io::ErrorKind::Interrupted => {}
+                _ => {
+                    self.closed = true;
+                    return None;
+                }
+            }
         }
     }
 }

@@ -131,11 +131,27 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         };
         let token = leadership.token();
+        if !leadership.is_leading() {
+            // Won, but the local deadline has already passed (a pause between the election
+            // and now): starting the command would be acting without a lease.
+            note(
+                &name,
+                format_args!("elected with token {token} after the lease ran out; not starting"),
+            );
+            drop(leadership);
+            drop(standby);
+            if !args.requeue {
+                candidacy.resign().await;
+                return Err(Exit(EXIT_LOST).into());
+            }
+            continue;
+        }
         note(
             &name,
             format_args!("elected with token {token}; starting command"),
         );
-        let mut child = match standby.start(token) {
+        let deadline = leadership.deadline().unwrap_or_else(Instant::now);
+        let mut child = match standby.start(token, deadline) {
             Ok(child) => child,
             Err(error) => {
                 leadership.resign().await;
@@ -161,11 +177,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 };
             }
             Outcome::Stopped(signal) => {
+                stop_child(&mut child, &leadership, args.grace, false).await;
                 note(
                     &name,
-                    format_args!("stopping on signal {signal}; stopping command, then resigning"),
+                    format_args!("stopped on signal {signal}; command stopped, resigning"),
                 );
-                stop_child(&mut child, &leadership, args.grace, false).await;
                 leadership.resign().await;
                 candidacy.resign().await;
                 child.reap().await;
@@ -175,11 +191,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 // A deleted key means a rival may win right now: no grace at all. Otherwise
                 // SIGTERM first, SIGKILL at the grace or the local deadline, whichever is first.
                 let immediate = reason == LossReason::KeyDeleted;
+                // Stop first, log after: a blocked stderr must not delay the kill.
+                stop_child(&mut child, &leadership, args.grace, immediate).await;
                 note(
                     &name,
-                    format_args!("leadership lost ({reason}); stopping command"),
+                    format_args!("leadership lost ({reason}); command stopped"),
                 );
-                stop_child(&mut child, &leadership, args.grace, immediate).await;
                 drop(leadership);
                 child.reap().await;
                 if !args.requeue {
@@ -198,6 +215,9 @@ async fn supervise(
     signals: &mut Signals,
     cont: &mut Signal,
 ) -> Outcome {
+    // Renewals move the deadline every third of the TTL; passing it on within 50 ms keeps the
+    // guard's copy close behind (it is never later than ours).
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
         tokio::select! {
             biased;
@@ -210,6 +230,7 @@ async fn supervise(
             }
             reason = leadership.lost() => return Outcome::Lost(reason),
             code = child.exited() => return Outcome::ChildExited(code),
+            _ = tick.tick() => child.extend_deadline(leadership.deadline()),
             signal = signals.stop() => return Outcome::Stopped(signal),
         }
     }
@@ -227,6 +248,10 @@ struct Running {
     child: Child,
     /// The process group: the guard's pid.
     group: Option<i32>,
+    /// The guard's control pipe: each new local deadline goes here (the guard kills the group
+    /// at the last one it heard of, should this process stall).
+    control: std::fs::File,
+    sent_deadline: Instant,
     /// The guard reports CMD's exit code here as soon as CMD exits, before its own exit.
     status: Option<pipe::Receiver>,
     buffer: Vec<u8>,
@@ -274,6 +299,17 @@ impl Running {
 
     fn signal(&self, signal: libc::c_int) {
         kill_group(self.group, signal);
+    }
+
+    /// Tells the guard about a later local deadline.
+    fn extend_deadline(&mut self, deadline: Option<Instant>) {
+        use std::io::Write;
+        if let Some(deadline) = deadline.filter(|&d| d > self.sent_deadline) {
+            // A full pipe cannot happen (the guard reads continuously); if the guard is gone,
+            // the command is too, and the status pipe says so.
+            let _ = writeln!(self.control, "{}", monotonic_deadline(deadline));
+            self.sent_deadline = deadline;
+        }
     }
 
     /// Waits for the guard's exit (after the group has been killed).
@@ -326,14 +362,18 @@ impl Standby {
         })
     }
 
-    /// Hands the guard its token: it starts CMD at once.
-    fn start(mut self, token: u64) -> anyhow::Result<Running> {
+    /// Hands the guard its token and the local deadline: it starts CMD at once.
+    fn start(mut self, token: u64, deadline: Instant) -> anyhow::Result<Running> {
         use std::io::Write;
-        writeln!(self.control, "{token}").context("starting the command (its guard is gone)")?;
+        let deadline_nanos = monotonic_deadline(deadline);
+        writeln!(self.control, "{token} {deadline_nanos}")
+            .context("starting the command (its guard is gone)")?;
         let group = self.child.id().map(|pid| pid as i32);
         Ok(Running {
             child: self.child,
             group,
+            control: self.control,
+            sent_deadline: deadline,
             status: self.status,
             buffer: Vec::new(),
             code: None,
@@ -350,6 +390,17 @@ fn set_nonblocking(fd: &std::os::fd::OwnedFd) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A tokio deadline as `CLOCK_MONOTONIC` nanoseconds, the guard's clock.
+fn monotonic_deadline(deadline: Instant) -> u64 {
+    let now = Instant::now();
+    let nanos = guard::monotonic_nanos();
+    if deadline > now {
+        nanos.saturating_add(u64::try_from((deadline - now).as_nanos()).unwrap_or(u64::MAX))
+    } else {
+        nanos.saturating_sub(u64::try_from((now - deadline).as_nanos()).unwrap_or(u64::MAX))
+    }
 }
 
 /// A pipe whose both ends are close-on-exec.

@@ -417,3 +417,33 @@ fn requeue_runs_the_command_again_with_a_larger_token_after_a_loss() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
 }
+
+#[test]
+fn a_stalled_supervisor_cannot_keep_its_command_running() {
+    let dir = scratch("stall");
+    let election = unique("stall");
+    let a = Runner::start(&election, "2s", &dir, "a");
+    let a_token = a.wait_running(Duration::from_secs(5));
+    let b = Runner::start(&election, "2s", &dir, "b");
+    std::thread::sleep(Duration::from_millis(300));
+    let a_child = a.child_pid().unwrap();
+    // Freeze only the supervisor: its command's group keeps running, and only the guard's
+    // dead-man switch can stop it.
+    signal(a.child.id() as i32, libc::SIGSTOP);
+    let mut a_dead_at = None;
+    let b_started_at = wait_for("b runs", Duration::from_secs(6), || {
+        if a_dead_at.is_none() && !alive(a_child) {
+            a_dead_at = Some(Instant::now());
+        }
+        b.token().map(|_| Instant::now())
+    });
+    let a_dead_at = a_dead_at.expect("a's command still ran when b's started");
+    assert!(a_dead_at < b_started_at);
+    assert!(b.token().unwrap() > a_token);
+    signal(a.child.id() as i32, libc::SIGCONT);
+    let mut a = a;
+    let status = wait_for("a exits", Duration::from_secs(3), || {
+        a.child.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(3), "{}", a.stderr());
+}
