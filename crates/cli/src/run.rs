@@ -162,14 +162,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         match supervise(&mut child, &leadership, &mut signals, &mut cont).await {
             Outcome::ChildExited(code) => {
                 // CMD is gone; its leftovers in the group (and the guard) die before we resign.
-                child.signal(libc::SIGKILL);
+                child.kill_all(args.grace).await;
                 leadership.resign().await;
                 note(
                     &name,
                     format_args!("command exited with code {code}; resigned"),
                 );
                 candidacy.resign().await;
-                child.reap().await;
                 return if code == 0 {
                     Ok(())
                 } else {
@@ -184,7 +183,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 );
                 leadership.resign().await;
                 candidacy.resign().await;
-                child.reap().await;
                 return Err(Exit(128 + signal as u8).into());
             }
             Outcome::Lost(reason) => {
@@ -198,7 +196,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     format_args!("leadership lost ({reason}); command stopped"),
                 );
                 drop(leadership);
-                child.reap().await;
                 if !args.requeue {
                     candidacy.resign().await;
                     return Err(Exit(EXIT_LOST).into());
@@ -312,10 +309,59 @@ impl Running {
         }
     }
 
-    /// Waits for the guard's exit (after the group has been killed).
-    async fn reap(&mut self) {
+    /// SIGKILLs the whole group and waits until nothing in it can run any more: the guard
+    /// reaped, and no other member alive (zombies aside). A member stuck in uninterruptible
+    /// I/O (say, on NFS) may still complete a write it had started, so resigning waits for it,
+    /// up to `limit`, after which we resign anyway rather than block the election forever.
+    async fn kill_all(&mut self, limit: Duration) {
+        self.signal(libc::SIGKILL);
         let _ = self.child.wait().await;
+        let give_up = Instant::now() + limit;
+        while group_has_live_members(self.group) {
+            if Instant::now() >= give_up {
+                eprintln!(
+                    "baton: warning: processes of the command's group survived SIGKILL for {}; resigning anyway",
+                    baton::format_duration(limit)
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
+}
+
+/// Whether any process of `group`, other than zombies, is still there.
+fn group_has_live_members(group: Option<i32>) -> bool {
+    let Some(group) = group.filter(|&g| g > 0) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks for existence.
+    if unsafe { libc::kill(-group, 0) } != 0 {
+        return false;
+    }
+    // Something (perhaps only zombies) remains: look closer.
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        let Some((_, after)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let mut fields = after.split_whitespace();
+        let state = fields.next().unwrap_or("");
+        let group_of = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
+        group_of == Some(group) && state != "Z" && state != "X"
+    })
 }
 
 impl Standby {
@@ -430,9 +476,8 @@ fn kill_group(group: Option<i32>, signal: libc::c_int) {
 }
 
 /// Stops the child's whole group: SIGKILL at once when `immediate`, else SIGTERM and SIGKILL at
-/// the grace or the local deadline, whichever comes first. Returns once CMD has exited and the
-/// group has been sent SIGKILL (nothing in it can act any more); reaping the guard is left to
-/// [`Running::reap`], after the resign.
+/// the grace or the local deadline, whichever comes first. Returns once nothing in the group can
+/// act any more (see [`Running::kill_all`]).
 async fn stop_child(
     child: &mut Running,
     leadership: &Leadership,
@@ -464,5 +509,5 @@ async fn stop_child(
         }
     }
     // Whatever is left of the group, CMD's children and the guard included, dies now.
-    child.signal(libc::SIGKILL);
+    child.kill_all(grace).await;
 }

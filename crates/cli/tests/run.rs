@@ -217,12 +217,14 @@ fn sigterm_hands_over_to_the_successor_at_once() {
     let b = Runner::start(&election, "10s", &dir, "b");
     std::thread::sleep(Duration::from_millis(300));
     let a_child = a.child_pid().unwrap();
+    let a_grandchild = a.grandchild_pid().unwrap();
     let sent = Instant::now();
     signal(a.child.id() as i32, libc::SIGTERM);
     let b_token = b.wait_running(Duration::from_secs(1));
     let handoff = sent.elapsed();
     assert!(b_token > a_token);
     assert!(!alive(a_child), "a's command must stop before b's starts");
+    assert!(!alive(a_grandchild), "and so must everything it started");
     assert!(handoff < Duration::from_secs(1), "{handoff:?}");
     let mut a = a;
     let status = a.child.wait().unwrap();
