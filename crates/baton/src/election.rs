@@ -210,7 +210,8 @@ impl Candidacy {
         self.leaderships.recv().await.unwrap_or(Err(Error::Closed))
     }
 
-    /// Stops campaigning and deletes our entry; waits until it is gone.
+    /// Stops campaigning and deletes our entry; waits until it is gone (at most 10 s: if the
+    /// backend is unreachable the entry goes with the lease instead).
     pub async fn resign(self) {
         let (ack, done) = oneshot::channel();
         let resign = Command::Resign {
@@ -218,7 +219,7 @@ impl Candidacy {
             ack: Some(ack),
         };
         if self.commands.send(resign).await.is_ok() {
-            let _ = done.await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), done).await;
         }
     }
 }

@@ -61,16 +61,30 @@ async fn request<T>(
     operation: &'static str,
     call: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
 ) -> Result<T> {
+    request_within(REQUEST_TIMEOUT, stats, operation, call).await
+}
+
+/// Runs one request under `limit`, counting it.
+async fn request_within<T>(
+    limit: Duration,
+    stats: &Stats,
+    operation: &'static str,
+    call: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+) -> Result<T> {
     stats.request();
-    match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
+    match tokio::time::timeout(limit, call).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(backend_error(operation, error)),
         Err(_) => Err(Error::Timeout {
             operation,
-            after_ms: REQUEST_TIMEOUT.as_millis() as u64,
+            after_ms: limit.as_millis() as u64,
         }),
     }
 }
+
+/// Bound on a delete of our own key: resigning should not hang on an unreachable server (the
+/// key goes with the lease anyway).
+const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Lease settings that must match for two elections to share a lease.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -192,17 +206,19 @@ impl EtcdBackend {
     pub(crate) async fn close(&self) {
         let leases: Vec<_> = self.leases.lock().await.drain().collect();
         for (_, lease) in leases {
-            let id = lease.id;
-            match Arc::try_unwrap(lease) {
-                Ok(lease) => lease.handle.revoke().await,
-                Err(_) => {
-                    // Still used by candidates: revoke directly at the server; their drivers
-                    // hear of it through their watches and the lease's renewals.
-                    let mut client = self.client.clone();
-                    let _ = request(&self.stats, "lease revoke", client.lease_revoke(id)).await;
-                }
-            }
+            // Holders see the lease over before it is revoked at the server, so no leadership
+            // under it outlives its key.
+            lease.handle.revoke().await;
         }
+    }
+
+    /// Stops renewing `lease` (it expires at the server, taking its keys with it) and forgets
+    /// it, for when a key under it could not be deleted: a key left behind on a lease that is
+    /// still renewed would block its election for as long as this process lives.
+    async fn abandon_lease(&self, lease: &Arc<EtcdLease>) {
+        let mut leases = self.leases.lock().await;
+        leases.retain(|_, held| !Arc::ptr_eq(held, lease));
+        lease.handle.request_revoke();
     }
 
     pub(crate) fn spawn_candidate(
@@ -232,10 +248,12 @@ impl EtcdBackend {
             watch: None,
             status: None,
             commands,
+            commands_rx,
             leaderships,
+            failures: 0,
             resign_acks: Vec::new(),
         };
-        tokio::spawn(driver.run(commands_rx));
+        tokio::spawn(driver.run());
     }
 
     pub(crate) async fn leader(&self, election: &str) -> Result<Option<LeaderInfo>> {
@@ -268,6 +286,7 @@ impl EtcdBackend {
             let mut members = members;
             let mut revision = revision;
             let mut last: Option<Option<LeaderInfo>> = None;
+            let mut failing = false;
             loop {
                 let current = leader_of(&members);
                 if last.as_ref() != Some(&current) {
@@ -282,16 +301,26 @@ impl EtcdBackend {
                 {
                     Ok(()) => return,
                     Err(error) => {
-                        tracing::debug!(%error, "observer watch broke; resynchronising");
+                        // Say it once per outage, not once per retry.
+                        if !failing {
+                            tracing::warn!(%election, %error, "observer lost its watch; resynchronising");
+                        }
                         // Connection trouble or compaction: resynchronise from a fresh snapshot
                         // (level-triggered: the current state is what matters).
                         tokio::time::sleep(RETRY_PAUSE).await;
                         if tx.is_closed() {
                             return;
                         }
-                        if let Ok((fresh, at)) = backend.snapshot(&prefix).await {
-                            members = fresh;
-                            revision = at;
+                        match backend.snapshot(&prefix).await {
+                            Ok((fresh, at)) => {
+                                if failing {
+                                    tracing::warn!(%election, "observer resynchronised");
+                                }
+                                failing = false;
+                                members = fresh;
+                                revision = at;
+                            }
+                            Err(_) => failing = true,
                         }
                     }
                 }
@@ -606,7 +635,10 @@ struct CandidateDriver {
     /// The status channel of the current leadership.
     status: Option<watch::Sender<Status>>,
     commands: mpsc::Sender<Command>,
+    commands_rx: mpsc::Receiver<Command>,
     leaderships: mpsc::Sender<Result<Leadership>>,
+    /// Consecutive failed campaign steps (for rate-limited warnings).
+    failures: u64,
     resign_acks: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -621,7 +653,7 @@ enum Wake {
 }
 
 impl CandidateDriver {
-    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+    async fn run(mut self) {
         self.core.campaign();
         loop {
             while let Some(action) = self.core.poll_action() {
@@ -630,20 +662,9 @@ impl CandidateDriver {
             if self.core.is_finished() {
                 break;
             }
-            let wake = self.wait(&mut commands).await;
+            let wake = self.wait().await;
             match wake {
-                Wake::Command(None) => self.core.resign(),
-                Wake::Command(Some(Command::Resign { term, ack })) => {
-                    if term.is_some() && term != self.core.token() {
-                        // A leadership of an earlier term: that term is already over.
-                        if let Some(ack) = ack {
-                            let _ = ack.send(());
-                        }
-                    } else {
-                        self.resign_acks.extend(ack);
-                        self.core.resign();
-                    }
-                }
+                Wake::Command(command) => self.handle_command(command),
                 Wake::LeaseOver => self.core.handle_lease_expired(),
                 Wake::Deleted(key, revision) => {
                     if key == self.own_key {
@@ -681,7 +702,24 @@ impl CandidateDriver {
         }
     }
 
-    async fn wait(&mut self, commands: &mut mpsc::Receiver<Command>) -> Wake {
+    fn handle_command(&mut self, command: Option<Command>) {
+        match command {
+            None => self.core.resign(),
+            Some(Command::Resign { term, ack }) => {
+                if term.is_some() && term != self.core.token() {
+                    // A leadership of an earlier term: that term is already over.
+                    if let Some(ack) = ack {
+                        let _ = ack.send(());
+                    }
+                } else {
+                    self.resign_acks.extend(ack);
+                    self.core.resign();
+                }
+            }
+        }
+    }
+
+    async fn wait(&mut self) -> Wake {
         let mut lease_view = self.lease.as_ref().map(|lease| lease.handle.view.clone());
         let lease_over = async {
             match lease_view.as_mut() {
@@ -742,7 +780,7 @@ impl CandidateDriver {
         };
         tokio::select! {
             biased;
-            command = commands.recv() => Wake::Command(command),
+            command = self.commands_rx.recv() => Wake::Command(command),
             _ = lease_over => Wake::LeaseOver,
             wake = deleted => wake,
             _ = abandoned => Wake::Abandoned,
@@ -830,6 +868,7 @@ impl CandidateDriver {
                         }
                         continue;
                     }
+                    self.failures = 0;
                     self.core.handle_key_created(revision as u64);
                     return;
                 }
@@ -842,6 +881,28 @@ impl CandidateDriver {
         }
     }
 
+    /// Best effort: deletes our key name if it exists bound to our lease (an attempt whose
+    /// answer was lost). Later attempts adopt such a key anyway; this is for giving up.
+    async fn delete_if_ours(&mut self) {
+        let Some(lease) = self.lease.as_ref().map(|lease| lease.id) else {
+            return;
+        };
+        if self.own_key.is_empty() {
+            return;
+        }
+        let key = self.own_key.clone();
+        let txn = Txn::new()
+            .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
+            .and_then([TxnOp::delete(key, None)]);
+        let _ = request_within(
+            DELETE_TIMEOUT,
+            &self.backend.stats,
+            "delete candidate key",
+            self.client.txn(txn),
+        )
+        .await;
+    }
+
     /// Without requeue a failure ends the candidacy and reaches the caller; with requeue we
     /// pause and retry (unless asked to stop). Returns whether to give up.
     async fn give_up(&mut self, error: Error) -> bool {
@@ -850,9 +911,19 @@ impl CandidateDriver {
             self.core.handle_backend_failed();
             return true;
         }
-        tracing::warn!(election = %self.election, %error, "campaign step failed; retrying");
-        tokio::time::sleep(RETRY_PAUSE).await;
-        false
+        // Every failure would be five lines a second during an outage: say it every 5 s.
+        if self.failures % 25 == 0 {
+            tracing::warn!(election = %self.election, %error, "campaign step failed; retrying");
+        }
+        self.failures += 1;
+        // A resign must not wait for the backend to come back.
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY_PAUSE) => false,
+            command = self.commands_rx.recv() => {
+                self.handle_command(command);
+                self.core.is_finished()
+            }
+        }
     }
 
     async fn try_create_key(&mut self) -> Result<i64> {
@@ -868,12 +939,23 @@ impl CandidateDriver {
             )])
             .or_else([TxnOp::get(key.clone(), None)]);
         self.lease = Some(lease.clone());
-        let response = request(
+        let response = match request(
             &self.backend.stats,
             "create candidate key",
             self.client.txn(txn),
         )
-        .await?;
+        .await
+        {
+            Ok(response) => response,
+            Err(error) => {
+                // The create may have committed even though no answer came. A retry (requeue)
+                // adopts such a key; giving up must not leave it behind.
+                if !self.config.requeue {
+                    self.delete_if_ours().await;
+                }
+                return Err(error);
+            }
+        };
         if response.succeeded() {
             return Ok(response.header().map_or(0, |h| h.revision()));
         }
@@ -1062,7 +1144,24 @@ impl CandidateDriver {
     }
 
     async fn delete_key(&mut self, revision: i64) {
-        let _ = self.try_delete(revision).await;
+        if self.lease_over() {
+            // The key is going with the lease at the server; one try to speed that up.
+            let _ = self.try_delete(revision).await;
+            return;
+        }
+        for attempt in 0..2 {
+            if self.try_delete(revision).await.is_ok() {
+                return;
+            }
+            if attempt < 1 {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        }
+        // etcd is unreachable: let the lease lapse so the key goes with it.
+        if let Some(lease) = self.lease.clone() {
+            tracing::warn!(election = %self.election, "could not delete our key; ending its lease");
+            self.backend.abandon_lease(&lease).await;
+        }
     }
 
     async fn try_delete(&mut self, revision: i64) -> Result<()> {
@@ -1075,7 +1174,8 @@ impl CandidateDriver {
                 revision,
             )])
             .and_then([TxnOp::delete(key, None)]);
-        request(
+        request_within(
+            DELETE_TIMEOUT,
             &self.backend.stats,
             "delete candidate key",
             self.client.txn(txn),

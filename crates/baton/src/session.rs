@@ -42,7 +42,7 @@ pub(crate) trait LeaseTransport: Send + 'static {
 #[derive(Debug)]
 pub(crate) struct LeaseHandle {
     pub(crate) view: watch::Receiver<LeaseView>,
-    revoke: Option<oneshot::Sender<()>>,
+    revoke: std::sync::Mutex<Option<oneshot::Sender<()>>>,
 }
 
 impl LeaseHandle {
@@ -53,20 +53,29 @@ impl LeaseHandle {
         }
     }
 
-    /// Revokes the lease at the server and waits until the driver has finished.
-    pub(crate) async fn revoke(mut self) {
-        if let Some(revoke) = self.revoke.take() {
-            let _ = revoke.send(());
+    /// Ends the lease: holders see it over at once, then the driver revokes it at the server.
+    /// Works through a shared reference, so a lease shared by many candidates can be ended.
+    pub(crate) fn request_revoke(&self) {
+        let sender = self.revoke.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(sender) = sender {
+            let _ = sender.send(());
         }
+    }
+
+    /// Revokes the lease at the server and waits until the driver has finished (the revoke
+    /// itself is bounded by a timeout).
+    pub(crate) async fn revoke(&self) {
+        self.request_revoke();
         let mut view = self.view.clone();
-        let _ = view.wait_for(|v| *v == LeaseView::Over).await;
+        // The driver drops its sender when it is done.
+        while view.changed().await.is_ok() {}
     }
 }
 
 impl Drop for LeaseHandle {
     fn drop(&mut self) {
         // Dropping the sender wakes the driver, which revokes the lease.
-        self.revoke.take();
+        self.revoke.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 
@@ -111,7 +120,7 @@ pub(crate) async fn start_lease<T: LeaseTransport>(
     ));
     Ok(LeaseHandle {
         view,
-        revoke: Some(revoke_tx),
+        revoke: std::sync::Mutex::new(Some(revoke_tx)),
     })
 }
 

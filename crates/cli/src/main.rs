@@ -130,6 +130,12 @@ fn main() -> ExitCode {
     if let Command::Guard { command } = &cli.command {
         guard::main(command);
     }
+    // The library reports retries and resynchronisations as warnings; show them on stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::WARN)
+        .with_target(false)
+        .init();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -240,3 +240,51 @@ fn after_its_connections_are_reset_a_waiter_still_takes_over() {
     let _ = waiter.kill();
     let _ = waiter.wait();
 }
+
+#[test]
+fn sigterm_ends_a_requeueing_candidate_even_while_etcd_is_unreachable() {
+    let dir: PathBuf = std::env::temp_dir().join(unique("baton-term-outage"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let election = unique("term-outage");
+    let proxy = Proxy::start(etcd());
+    let through_proxy = format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port);
+    let direct = format!("etcd://{}/baton-cli-test", etcd());
+    let mut leader = start(&direct, &election, &dir, "l");
+    wait_for("leader runs", Duration::from_secs(5), || {
+        read_number(&dir.join("l.token"))
+    });
+    let stderr = std::fs::File::create(dir.join("w.stderr")).unwrap();
+    let mut waiter = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args([
+            "run",
+            "--backend",
+            &through_proxy,
+            "--election",
+            &election,
+            "--id",
+            "w",
+        ])
+        .args(["--ttl", "2s", "--requeue", "--", "sleep", "1000"])
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.set_partitioned(true);
+    std::thread::sleep(Duration::from_millis(3_000));
+    let sent = Instant::now();
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(waiter.id() as i32, libc::SIGTERM) };
+    let status = wait_for("waiter exits", Duration::from_secs(8), || {
+        waiter.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    assert!(
+        // One lease grant attempt (bounded by the local lease, 1.9 s) plus a retry pause.
+        sent.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert!(read_number(&dir.join("w.token")).is_none());
+    let _ = leader.kill();
+    let _ = leader.wait();
+}
