@@ -187,8 +187,12 @@ impl Candidate {
         };
         match predecessor {
             None => self.become_leading(own_revision),
+            // A "predecessor" newer than us can only come from a server that breaks the
+            // protocol: never lead on such an answer.
+            Some(predecessor) if predecessor >= own_revision => {
+                self.become_lost(LossReason::BackendFailed, true);
+            }
             Some(predecessor) => {
-                assert!(predecessor < own_revision, "a predecessor is older than us");
                 self.state = CandidateState::Queued {
                     own_revision,
                     predecessor,
@@ -477,6 +481,29 @@ mod tests {
                 reason: LossReason::BackendFailed,
                 was_leading: false
             }]
+        );
+    }
+
+    #[test]
+    fn a_predecessor_newer_than_us_is_a_backend_failure_not_a_panic() {
+        let mut core = Candidate::new(false);
+        core.campaign();
+        core.handle_key_created(20);
+        drain(&mut core);
+        core.handle_predecessor(Some(25));
+        assert_eq!(
+            drain(&mut core),
+            vec![
+                Action::Lost {
+                    reason: LossReason::BackendFailed,
+                    was_leading: false
+                },
+                Action::DeleteKey { revision: 20 }
+            ]
+        );
+        assert_eq!(
+            core.state(),
+            CandidateState::Lost(LossReason::BackendFailed)
         );
     }
 
