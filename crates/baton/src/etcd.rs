@@ -218,7 +218,9 @@ impl EtcdBackend {
     async fn abandon_lease(&self, lease: &Arc<EtcdLease>) {
         let mut leases = self.leases.lock().await;
         leases.retain(|_, held| !Arc::ptr_eq(held, lease));
-        lease.handle.request_revoke();
+        // Not a revoke: that would delete other elections' keys at once, while their holders
+        // may still be acting. Letting it lapse ends every holder at its local deadline first.
+        lease.handle.stop_renewing();
     }
 
     pub(crate) fn spawn_candidate(
@@ -252,6 +254,8 @@ impl EtcdBackend {
             leaderships,
             failures: 0,
             resign_acks: Vec::new(),
+            step_down_acks: Vec::new(),
+            create_uncertain: false,
         };
         tokio::spawn(driver.run());
     }
@@ -640,6 +644,9 @@ struct CandidateDriver {
     /// Consecutive failed campaign steps (for rate-limited warnings).
     failures: u64,
     resign_acks: Vec<tokio::sync::oneshot::Sender<()>>,
+    step_down_acks: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// A create request failed without an answer: the key may exist. Deleted on giving up.
+    create_uncertain: bool,
 }
 
 /// What woke the driver.
@@ -658,6 +665,10 @@ impl CandidateDriver {
         loop {
             while let Some(action) = self.core.poll_action() {
                 self.perform(action).await;
+            }
+            // A stepped-down term's key has been deleted by now.
+            for ack in self.step_down_acks.drain(..) {
+                let _ = ack.send(());
             }
             if self.core.is_finished() {
                 break;
@@ -711,6 +722,13 @@ impl CandidateDriver {
                     if let Some(ack) = ack {
                         let _ = ack.send(());
                     }
+                } else if term.is_some() && self.config.requeue {
+                    // The current term's holder resigned it; the candidacy goes on.
+                    if let Some(status) = self.status.take() {
+                        status.send_replace(Status::Resigned);
+                    }
+                    self.step_down_acks.extend(ack);
+                    self.core.step_down();
                 } else {
                     self.resign_acks.extend(ack);
                     self.core.resign();
@@ -862,13 +880,16 @@ impl CandidateDriver {
                 Ok(revision) => {
                     if let Err(error) = self.open_watch(revision + 1).await {
                         // Without a watch we cannot hear of deletions: delete and retry.
-                        let _ = self.try_delete(revision).await;
+                        if self.try_delete(revision).await.is_err() {
+                            self.create_uncertain = true;
+                        }
                         if self.give_up(error).await {
                             return;
                         }
                         continue;
                     }
                     self.failures = 0;
+                    self.create_uncertain = false;
                     self.core.handle_key_created(revision as u64);
                     return;
                 }
@@ -883,24 +904,25 @@ impl CandidateDriver {
 
     /// Best effort: deletes our key name if it exists bound to our lease (an attempt whose
     /// answer was lost). Later attempts adopt such a key anyway; this is for giving up.
-    async fn delete_if_ours(&mut self) {
+    async fn delete_if_ours(&mut self) -> bool {
         let Some(lease) = self.lease.as_ref().map(|lease| lease.id) else {
-            return;
+            return true;
         };
         if self.own_key.is_empty() {
-            return;
+            return true;
         }
         let key = self.own_key.clone();
         let txn = Txn::new()
             .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
             .and_then([TxnOp::delete(key, None)]);
-        let _ = request_within(
+        request_within(
             DELETE_TIMEOUT,
             &self.backend.stats,
             "delete candidate key",
             self.client.txn(txn),
         )
-        .await;
+        .await
+        .is_ok()
     }
 
     /// Without requeue a failure ends the candidacy and reaches the caller; with requeue we
@@ -909,6 +931,7 @@ impl CandidateDriver {
         if !self.config.requeue || self.leaderships.is_closed() {
             let _ = self.leaderships.try_send(Err(error));
             self.core.handle_backend_failed();
+            self.clean_up_uncertain_create().await;
             return true;
         }
         // Every failure would be five lines a second during an outage: say it every 5 s.
@@ -921,7 +944,25 @@ impl CandidateDriver {
             _ = tokio::time::sleep(RETRY_PAUSE) => false,
             command = self.commands_rx.recv() => {
                 self.handle_command(command);
-                self.core.is_finished()
+                let finished = self.core.is_finished();
+                if finished {
+                    self.clean_up_uncertain_create().await;
+                }
+                finished
+            }
+        }
+    }
+
+    /// Giving up after a create whose answer was lost: the key may exist on a lease that is
+    /// still renewed (shared with other elections), where it would block this election for
+    /// the life of the process. Delete it, or failing that, let its lease lapse.
+    async fn clean_up_uncertain_create(&mut self) {
+        if !std::mem::take(&mut self.create_uncertain) {
+            return;
+        }
+        if !self.delete_if_ours().await {
+            if let Some(lease) = self.lease.clone() {
+                self.backend.abandon_lease(&lease).await;
             }
         }
     }
@@ -948,11 +989,9 @@ impl CandidateDriver {
         {
             Ok(response) => response,
             Err(error) => {
-                // The create may have committed even though no answer came. A retry (requeue)
-                // adopts such a key; giving up must not leave it behind.
-                if !self.config.requeue {
-                    self.delete_if_ours().await;
-                }
+                // The create may have committed even though no answer came. A retry adopts
+                // such a key; giving up deletes it (see `give_up`).
+                self.create_uncertain = true;
                 return Err(error);
             }
         };
@@ -1021,7 +1060,15 @@ impl CandidateDriver {
                         }
                         return;
                     }
-                    tokio::time::sleep(RETRY_PAUSE).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(RETRY_PAUSE) => {}
+                        command = self.commands_rx.recv() => {
+                            self.handle_command(command);
+                            if self.core.is_finished() {
+                                return;
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -1107,6 +1154,11 @@ impl CandidateDriver {
         if self.lease_over() {
             // Elected from a buffered event after our lease ran out (say, after a pause):
             // the key may already be gone at the server and a rival leading. Never announce it.
+            if !self.config.requeue {
+                let _ = self
+                    .leaderships
+                    .try_send(Err(Error::CampaignLost(LossReason::LeaseExpired)));
+            }
             self.core.handle_lease_expired();
             return;
         }

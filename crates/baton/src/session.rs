@@ -42,7 +42,16 @@ pub(crate) trait LeaseTransport: Send + 'static {
 #[derive(Debug)]
 pub(crate) struct LeaseHandle {
     pub(crate) view: watch::Receiver<LeaseView>,
-    revoke: std::sync::Mutex<Option<oneshot::Sender<()>>>,
+    revoke: std::sync::Mutex<Option<oneshot::Sender<End>>>,
+}
+
+/// How a lease is ended on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Revoke it at the server now.
+    Revoke,
+    /// Stop renewing and let it expire.
+    Lapse,
 }
 
 impl LeaseHandle {
@@ -56,9 +65,19 @@ impl LeaseHandle {
     /// Ends the lease: holders see it over at once, then the driver revokes it at the server.
     /// Works through a shared reference, so a lease shared by many candidates can be ended.
     pub(crate) fn request_revoke(&self) {
+        self.end(End::Revoke);
+    }
+
+    /// Stops renewing: holders see the lease over at once and it lapses at the server a TTL
+    /// later (after every holder's local deadline), taking its keys with it.
+    pub(crate) fn stop_renewing(&self) {
+        self.end(End::Lapse);
+    }
+
+    fn end(&self, how: End) {
         let sender = self.revoke.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(sender) = sender {
-            let _ = sender.send(());
+            let _ = sender.send(how);
         }
     }
 
@@ -130,7 +149,7 @@ async fn drive_lease<T: LeaseTransport>(
     config: ElectionConfig,
     clock: Clock,
     view_tx: watch::Sender<LeaseView>,
-    mut revoke_rx: oneshot::Receiver<()>,
+    mut revoke_rx: oneshot::Receiver<End>,
 ) {
     let mut revoke_open = true;
     loop {
@@ -173,8 +192,13 @@ async fn drive_lease<T: LeaseTransport>(
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             biased;
-            _ = &mut revoke_rx, if revoke_open => {
+            end = &mut revoke_rx, if revoke_open => {
                 revoke_open = false;
+                if end == Ok(End::Lapse) {
+                    view_tx.send_replace(LeaseView::Over);
+                    return;
+                }
+                // Revoked on purpose, or every handle dropped.
                 core.revoke(clock.now());
             }
             _ = tokio::time::sleep_until(wake) => core.handle_timeout(clock.now()),

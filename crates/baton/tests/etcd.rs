@@ -109,3 +109,8 @@ async fn unreachable_server_is_a_clear_error() {
 async fn abandoned_campaign_leaves_the_queue() {
     check_abandoned_campaign_leaves_the_queue(&url()).await;
 }
+
+#[tokio::test]
+async fn requeue_resigning_a_term_campaigns_again() {
+    check_requeue_resigning_a_term_campaigns_again(&url()).await;
+}

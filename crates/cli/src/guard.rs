@@ -86,6 +86,10 @@ pub fn main(command: &[std::ffi::OsString]) -> ! {
     ) else {
         std::process::exit(0);
     };
+    if monotonic_nanos() >= deadline {
+        // The lease ran out between the election and now: never start without one.
+        std::process::exit(0);
+    }
     let child = Command::new(program)
         .args(args)
         .env("BATON_TOKEN", token.to_string())
@@ -119,6 +123,10 @@ pub fn main(command: &[std::ffi::OsString]) -> ! {
         let mut status_pipe = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
         use std::io::Write;
         let _ = writeln!(status_pipe, "{code}");
+        // CMD may have left children behind (`worker & exit 0`). Without us they would have no
+        // dead-man switch and no parent-death kill, so the whole group goes now; the
+        // supervisor has CMD's exit code from the status pipe.
+        kill_group(0);
         std::process::exit(code)
     });
     // The dead-man switch: the supervisor sends each new local deadline; if it stops doing so
@@ -126,7 +134,8 @@ pub fn main(command: &[std::ffi::OsString]) -> ! {
     loop {
         let now = monotonic_nanos();
         if now >= deadline {
-            eprintln!("baton: guard: the local deadline passed without word from the supervisor; killing the command");
+            // Kill first and say nothing: stderr may be the very pipe that stalled the
+            // supervisor. The supervisor (if it ever runs again) sees the group gone.
             kill_group(0);
         }
         match control.next_line(Some(deadline - now)) {
@@ -194,7 +203,9 @@ impl Control {
             }
             if ready < 0 {
                 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                    continue;
+                    // Let the caller recompute the time left rather than wait the full
+                    // timeout again (a signal must not push the deadline back).
+                    return None;
                 }
                 self.closed = true;
                 return None;

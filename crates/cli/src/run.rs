@@ -146,29 +146,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             continue;
         }
-        note(
-            &name,
-            format_args!("elected with token {token}; starting command"),
-        );
         let deadline = leadership.deadline().unwrap_or_else(Instant::now);
         let mut child = match standby.start(token, deadline) {
             Ok(child) => child,
             Err(error) => {
-                leadership.resign().await;
                 candidacy.resign().await;
                 return Err(error);
             }
         };
+        // Logged after the start: the command need not wait for stderr.
+        note(
+            &name,
+            format_args!("elected with token {token}; command started"),
+        );
         match supervise(&mut child, &leadership, &mut signals, &mut cont).await {
             Outcome::ChildExited(code) => {
                 // CMD is gone; its leftovers in the group (and the guard) die before we resign.
                 child.kill_all(args.grace).await;
-                leadership.resign().await;
+                // Resign the whole candidacy in one step (with --requeue, resigning only the
+                // term would campaign again).
+                candidacy.resign().await;
+                drop(leadership);
                 note(
                     &name,
                     format_args!("command exited with code {code}; resigned"),
                 );
-                candidacy.resign().await;
                 return if code == 0 {
                     Ok(())
                 } else {
@@ -181,8 +183,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     &name,
                     format_args!("stopped on signal {signal}; command stopped, resigning"),
                 );
-                leadership.resign().await;
                 candidacy.resign().await;
+                drop(leadership);
                 return Err(Exit(128 + signal as u8).into());
             }
             Outcome::Lost(reason) => {
@@ -316,12 +318,13 @@ impl Running {
     async fn kill_all(&mut self, limit: Duration) {
         self.signal(libc::SIGKILL);
         let _ = self.child.wait().await;
-        let give_up = Instant::now() + limit;
+        // Even with --grace 0, give a killed process a moment to finish dying.
+        let give_up = Instant::now() + limit.max(MIN_KILL_WAIT);
         while group_has_live_members(self.group) {
             if Instant::now() >= give_up {
                 eprintln!(
                     "baton: warning: processes of the command's group survived SIGKILL for {}; resigning anyway",
-                    baton::format_duration(limit)
+                    baton::format_duration(limit.max(MIN_KILL_WAIT))
                 );
                 return;
             }
@@ -329,6 +332,9 @@ impl Running {
         }
     }
 }
+
+/// The least time `kill_all` waits for a SIGKILLed group to be gone.
+const MIN_KILL_WAIT: Duration = Duration::from_secs(1);
 
 /// Whether any process of `group`, other than zombies, is still there.
 fn group_has_live_members(group: Option<i32>) -> bool {
@@ -360,7 +366,31 @@ fn group_has_live_members(group: Option<i32>) -> bool {
         let mut fields = after.split_whitespace();
         let state = fields.next().unwrap_or("");
         let group_of = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
-        group_of == Some(group) && state != "Z" && state != "X"
+        if group_of != Some(group) {
+            return false;
+        }
+        // A zombie leader thread can hide a live thread (say, one in an NFS write): the
+        // process counts as gone only when every thread is.
+        is_live_state(state) || any_live_thread(pid)
+    })
+}
+
+fn is_live_state(state: &str) -> bool {
+    state != "Z" && state != "X"
+}
+
+fn any_live_thread(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                let (_, after) = stat.rsplit_once(')')?;
+                after.split_whitespace().next().map(is_live_state)
+            })
+            .unwrap_or(false)
     })
 }
 
@@ -440,8 +470,10 @@ fn set_nonblocking(fd: &std::os::fd::OwnedFd) -> std::io::Result<()> {
 
 /// A tokio deadline as `CLOCK_MONOTONIC` nanoseconds, the guard's clock.
 fn monotonic_deadline(deadline: Instant) -> u64 {
-    let now = Instant::now();
+    // Read the guard's clock first: time passing between the two reads then moves the result
+    // earlier (safe), never later.
     let nanos = guard::monotonic_nanos();
+    let now = Instant::now();
     if deadline > now {
         nanos.saturating_add(u64::try_from((deadline - now).as_nanos()).unwrap_or(u64::MAX))
     } else {

@@ -151,9 +151,10 @@ fn partitioned_leader_stops_before_the_successor_starts_and_stays_stopped_after_
     });
     let a_dead_at = a_dead_at.expect("a's command was still running when b's started");
     assert!(a_dead_at < b_started_at);
-    // a stopped on its own clock, within the TTL of the partition starting.
+    // a stopped on its own clock, about a TTL after the partition started (its local
+    // deadline counts from its last renewal, before the partition; slack for a loaded machine).
     assert!(
-        a_dead_at - partitioned_at < Duration::from_secs(2),
+        a_dead_at - partitioned_at < Duration::from_millis(2_500),
         "{:?}",
         a_dead_at - partitioned_at
     );
@@ -274,13 +275,14 @@ fn sigterm_ends_a_requeueing_candidate_even_while_etcd_is_unreachable() {
     let sent = Instant::now();
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(waiter.id() as i32, libc::SIGTERM) };
-    let status = wait_for("waiter exits", Duration::from_secs(8), || {
+    let status = wait_for("waiter exits", Duration::from_secs(15), || {
         waiter.try_wait().unwrap()
     });
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     assert!(
-        // One lease grant attempt (bounded by the local lease, 1.9 s) plus a retry pause.
-        sent.elapsed() < Duration::from_secs(5),
+        // At most an in-flight lease grant (1.9 s) and a bounded clean-up delete (2 s), with
+        // room for a loaded machine; before the fix it waited for the backend to return.
+        sent.elapsed() < Duration::from_secs(9),
         "{:?}",
         sent.elapsed()
     );

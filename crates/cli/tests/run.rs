@@ -449,3 +449,30 @@ fn a_stalled_supervisor_cannot_keep_its_command_running() {
     });
     assert_eq!(status.code(), Some(3), "{}", a.stderr());
 }
+
+#[test]
+fn what_the_command_leaves_running_dies_with_it() {
+    let dir = scratch("leftover");
+    let election = unique("leftover");
+    let pid_file = dir.join("worker");
+    let script = format!("sleep 1000 & echo $! > {}; exit 0", pid_file.display());
+    let status = baton()
+        .args([
+            "run",
+            "--backend",
+            &url(),
+            "--election",
+            &election,
+            "--ttl",
+            "2s",
+        ])
+        .args(["--", "sh", "-c", &script])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let worker = read_number(&pid_file).unwrap();
+    wait_for("worker gone", Duration::from_secs(1), || {
+        (!alive(worker)).then_some(())
+    });
+}

@@ -166,6 +166,20 @@ impl Candidate {
         }
     }
 
+    /// Ends the current term of office on purpose but, with requeue, keeps campaigning: deletes
+    /// our entry and creates a new one. Without requeue it is [`Candidate::resign`]. No `Lost`
+    /// is emitted: the caller asked for this.
+    pub fn step_down(&mut self) {
+        if !self.requeue {
+            return self.resign();
+        }
+        if let CandidateState::Leading { token } = self.state {
+            self.actions
+                .push_back(Action::DeleteKey { revision: token });
+            self.become_creating();
+        }
+    }
+
     // Inputs.
 
     /// Our entry exists with `revision`.
@@ -464,6 +478,29 @@ mod tests {
         core.resign();
         assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 12 }]);
         assert!(core.is_finished());
+    }
+
+    #[test]
+    fn step_down_with_requeue_campaigns_again_and_without_it_resigns() {
+        let mut core = Candidate::new(true);
+        core.campaign();
+        core.handle_key_created(7);
+        core.handle_predecessor(None);
+        drain(&mut core);
+        core.step_down();
+        assert_eq!(
+            drain(&mut core),
+            vec![Action::DeleteKey { revision: 7 }, Action::CreateKey]
+        );
+        assert_eq!(core.state(), CandidateState::Creating);
+        // Not leading: nothing to step down from.
+        core.step_down();
+        assert_eq!(drain(&mut core), vec![]);
+
+        let mut core = leading(3);
+        core.step_down();
+        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 3 }]);
+        assert_eq!(core.state(), CandidateState::Resigned);
     }
 
     #[test]

@@ -311,3 +311,28 @@ pub async fn check_abandoned_campaign_leaves_the_queue(url: &str) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(a.leader().await.unwrap(), None);
 }
+
+pub async fn check_requeue_resigning_a_term_campaigns_again(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let election =
+        Election::new(&backend, &unique("stepdown"), config().with_requeue(true)).unwrap();
+    let mut candidacy = election.candidacy("a").unwrap();
+    let first = candidacy.next().await.unwrap();
+    let first_token = first.token();
+    // With requeue, resigning one term of office keeps the candidacy going.
+    first.resign().await;
+    let second = within("next term", Duration::from_secs(3), candidacy.next())
+        .await
+        .unwrap();
+    assert!(second.token() > first_token);
+    assert!(second.is_leading());
+    // Resigning the candidacy ends everything.
+    candidacy.resign().await;
+    within("no leader", Duration::from_secs(2), async {
+        while election.leader().await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(!second.is_leading());
+}
