@@ -328,8 +328,10 @@ impl Leadership {
         }
     }
 
-    /// Resigns: deletes our entry so a successor can start at once. Waits until it is gone
-    /// (bounded by the backend's request timeout).
+    /// Resigns this term of office: deletes our entry so a successor can start at once, and
+    /// waits until it is gone (at most 10 s). Without requeue that ends the candidacy; with
+    /// requeue the candidacy campaigns again ([`Candidacy::resign`] ends it for good). Dropping
+    /// a `Leadership` does the same without waiting.
     pub async fn resign(mut self) {
         self.resigned = true;
         let (ack, done) = oneshot::channel();
