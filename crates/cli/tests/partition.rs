@@ -65,6 +65,29 @@ impl Proxy {
     }
 }
 
+/// A scratch directory, an election name, a proxy to etcd and both URLs.
+struct Setup {
+    dir: PathBuf,
+    election: String,
+    proxy: Proxy,
+    through_proxy: String,
+    direct: String,
+}
+
+impl Setup {
+    fn new(name: &str) -> Setup {
+        let dir = scratch(name);
+        let proxy = Proxy::start(etcd());
+        Setup {
+            dir,
+            election: unique(name),
+            through_proxy: format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port),
+            direct: url(),
+            proxy,
+        }
+    }
+}
+
 fn pump(mut from: TcpStream, mut to: TcpStream, partitioned: Arc<AtomicBool>) {
     let mut buffer = [0u8; 16 * 1024];
     loop {
@@ -121,12 +144,13 @@ fn start(backend: &str, election: &str, dir: &Path, name: &str) -> Child {
 
 #[test]
 fn partitioned_leader_stops_before_the_successor_starts_and_stays_stopped_after_healing() {
-    let dir: PathBuf = std::env::temp_dir().join(unique("baton-partition"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let election = unique("partition");
-    let proxy = Proxy::start(etcd());
-    let through_proxy = format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port);
-    let direct = format!("etcd://{}/baton-cli-test", etcd());
+    let Setup {
+        dir,
+        election,
+        proxy,
+        through_proxy,
+        direct,
+    } = Setup::new("partition");
 
     let mut a = start(&through_proxy, &election, &dir, "a");
     let a_token = wait_for("a runs", Duration::from_secs(5), || {
@@ -184,11 +208,13 @@ fn partitioned_leader_stops_before_the_successor_starts_and_stays_stopped_after_
 
 #[test]
 fn after_its_connections_are_reset_a_leader_still_hears_of_its_key_being_deleted() {
-    let dir: PathBuf = std::env::temp_dir().join(unique("baton-reset"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let election = unique("reset");
-    let proxy = Proxy::start(etcd());
-    let through_proxy = format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port);
+    let Setup {
+        dir,
+        election,
+        proxy,
+        through_proxy,
+        ..
+    } = Setup::new("reset");
     let mut a = start(&through_proxy, &election, &dir, "a");
     wait_for("a runs", Duration::from_secs(5), || {
         read_number(&dir.join("a.token"))
@@ -214,12 +240,13 @@ fn after_its_connections_are_reset_a_leader_still_hears_of_its_key_being_deleted
 
 #[test]
 fn after_its_connections_are_reset_a_waiter_still_takes_over() {
-    let dir: PathBuf = std::env::temp_dir().join(unique("baton-reset-waiter"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let election = unique("reset-waiter");
-    let proxy = Proxy::start(etcd());
-    let through_proxy = format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port);
-    let direct = format!("etcd://{}/baton-cli-test", etcd());
+    let Setup {
+        dir,
+        election,
+        proxy,
+        through_proxy,
+        direct,
+    } = Setup::new("reset-waiter");
     let mut leader = start(&direct, &election, &dir, "l");
     wait_for("leader runs", Duration::from_secs(5), || {
         read_number(&dir.join("l.token"))
@@ -244,12 +271,13 @@ fn after_its_connections_are_reset_a_waiter_still_takes_over() {
 
 #[test]
 fn sigterm_ends_a_requeueing_candidate_even_while_etcd_is_unreachable() {
-    let dir: PathBuf = std::env::temp_dir().join(unique("baton-term-outage"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let election = unique("term-outage");
-    let proxy = Proxy::start(etcd());
-    let through_proxy = format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port);
-    let direct = format!("etcd://{}/baton-cli-test", etcd());
+    let Setup {
+        dir,
+        election,
+        proxy,
+        through_proxy,
+        direct,
+    } = Setup::new("term-outage");
     let mut leader = start(&direct, &election, &dir, "l");
     wait_for("leader runs", Duration::from_secs(5), || {
         read_number(&dir.join("l.token"))

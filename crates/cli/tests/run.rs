@@ -380,18 +380,7 @@ fn requeue_runs_the_command_again_with_a_larger_token_after_a_loss() {
         log.display(),
         dir.display()
     );
-    let mut child = baton()
-        .args([
-            "run",
-            "--backend",
-            &url(),
-            "--election",
-            &election,
-            "--ttl",
-            "2s",
-            "--requeue",
-        ])
-        .args(["--", "sh", "-c", &script])
+    let mut child = run_script(&election, &["--requeue"], &script)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -456,17 +445,7 @@ fn what_the_command_leaves_running_dies_with_it() {
     let election = unique("leftover");
     let pid_file = dir.join("worker");
     let script = format!("sleep 1000 & echo $! > {}; exit 0", pid_file.display());
-    let status = baton()
-        .args([
-            "run",
-            "--backend",
-            &url(),
-            "--election",
-            &election,
-            "--ttl",
-            "2s",
-        ])
-        .args(["--", "sh", "-c", &script])
+    let status = run_script(&election, &[], &script)
         .stderr(Stdio::null())
         .status()
         .unwrap();

@@ -90,3 +90,21 @@ pub fn delete_election_keys(election: &str) {
         .expect("etcdctl (from etcd-client) must be installed; scripts/test installs it");
     assert!(status.success());
 }
+
+/// `baton run --backend URL --election ELECTION --ttl 2s EXTRA.. -- sh -c SCRIPT`.
+pub fn run_script(election: &str, extra: &[&str], script: &str) -> Command {
+    let mut command = baton();
+    command
+        .args([
+            "run",
+            "--backend",
+            &url(),
+            "--election",
+            election,
+            "--ttl",
+            "2s",
+        ])
+        .args(extra)
+        .args(["--", "sh", "-c", script]);
+    command
+}
