@@ -200,14 +200,18 @@ fn validate_name(what: &'static str, value: &str) -> Result<()> {
 /// Dropping it stops campaigning (a current [`Leadership`] keeps its own handle).
 #[derive(Debug)]
 pub struct Candidacy {
-    leaderships: mpsc::Receiver<Result<Leadership>>,
+    /// Boxed: a channel allocates room for 32 items up front, and a candidacy mostly waits.
+    leaderships: mpsc::Receiver<Box<Result<Leadership>>>,
     commands: mpsc::Sender<Command>,
 }
 
 impl Candidacy {
     /// Waits for the next leadership. Errors when the candidacy ended without one.
     pub async fn next(&mut self) -> Result<Leadership> {
-        self.leaderships.recv().await.unwrap_or(Err(Error::Closed))
+        self.leaderships
+            .recv()
+            .await
+            .map_or(Err(Error::Closed), |slot| *slot)
     }
 
     /// Stops campaigning and deletes our entry; waits until it is gone (at most 10 s: if the

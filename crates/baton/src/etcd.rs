@@ -230,7 +230,7 @@ impl EtcdBackend {
         config: ElectionConfig,
         commands_rx: mpsc::Receiver<Command>,
         commands: mpsc::Sender<Command>,
-        leaderships: mpsc::Sender<Result<Leadership>>,
+        leaderships: mpsc::Sender<Box<Result<Leadership>>>,
     ) {
         let serial = self.next_candidate.fetch_add(1, Ordering::Relaxed);
         let driver = CandidateDriver {
@@ -640,7 +640,7 @@ struct CandidateDriver {
     status: Option<watch::Sender<Status>>,
     commands: mpsc::Sender<Command>,
     commands_rx: mpsc::Receiver<Command>,
-    leaderships: mpsc::Sender<Result<Leadership>>,
+    leaderships: mpsc::Sender<Box<Result<Leadership>>>,
     /// Consecutive failed campaign steps (for rate-limited warnings).
     failures: u64,
     resign_acks: Vec<tokio::sync::oneshot::Sender<()>>,
@@ -664,7 +664,9 @@ impl CandidateDriver {
         self.core.campaign();
         loop {
             while let Some(action) = self.core.poll_action() {
-                self.perform(action).await;
+                // Boxed: request futures are large, and a candidate spends its life waiting,
+                // so the task should not carry their size while it waits (memory per election).
+                Box::pin(self.perform(action)).await;
             }
             // A stepped-down term's key has been deleted by now.
             for ack in self.step_down_acks.drain(..) {
@@ -673,7 +675,7 @@ impl CandidateDriver {
             if self.core.is_finished() {
                 break;
             }
-            let wake = self.wait().await;
+            let wake = Box::pin(self.wait()).await;
             match wake {
                 Wake::Command(command) => self.handle_command(command),
                 Wake::LeaseOver => self.core.handle_lease_expired(),
@@ -690,13 +692,13 @@ impl CandidateDriver {
                         self.core.handle_predecessor_deleted(revision as u64);
                     }
                 }
-                Wake::WatchBroken => self.recheck().await,
+                Wake::WatchBroken => Box::pin(self.recheck()).await,
                 Wake::Abandoned => self.core.resign(),
             }
         }
         // Drain the last actions (the DeleteKey of a resign) before acknowledging.
         while let Some(action) = self.core.poll_action() {
-            self.perform(action).await;
+            Box::pin(self.perform(action)).await;
         }
         if let Some(status) = &self.status {
             status.send_if_modified(|s| {
@@ -929,7 +931,7 @@ impl CandidateDriver {
     /// pause and retry (unless asked to stop). Returns whether to give up.
     async fn give_up(&mut self, error: Error) -> bool {
         if !self.config.requeue || self.leaderships.is_closed() {
-            let _ = self.leaderships.try_send(Err(error));
+            let _ = self.leaderships.try_send(Box::new(Err(error)));
             self.core.handle_backend_failed();
             self.clean_up_uncertain_create().await;
             return true;
@@ -1056,7 +1058,7 @@ impl CandidateDriver {
                         self.core.handle_backend_failed();
                         // With requeue the core campaigns again; the caller hears nothing.
                         if !self.config.requeue {
-                            let _ = self.leaderships.try_send(Err(error));
+                            let _ = self.leaderships.try_send(Box::new(Err(error)));
                         }
                         return;
                     }
@@ -1157,7 +1159,7 @@ impl CandidateDriver {
             if !self.config.requeue {
                 let _ = self
                     .leaderships
-                    .try_send(Err(Error::CampaignLost(LossReason::LeaseExpired)));
+                    .try_send(Box::new(Err(Error::CampaignLost(LossReason::LeaseExpired))));
             }
             self.core.handle_lease_expired();
             return;
@@ -1177,7 +1179,7 @@ impl CandidateDriver {
                 key: self.own_key.clone(),
             },
         );
-        if self.leaderships.try_send(Ok(leadership)).is_err() {
+        if self.leaderships.try_send(Box::new(Ok(leadership))).is_err() {
             // Nobody is waiting for it (the candidacy was dropped): the leadership's own drop
             // has queued a resign.
             tracing::debug!(election = %self.election, "leadership not collected; resigning");
@@ -1189,7 +1191,9 @@ impl CandidateDriver {
             status.send_replace(Status::Lost(reason));
         }
         if !was_leading && !self.config.requeue {
-            let _ = self.leaderships.try_send(Err(Error::CampaignLost(reason)));
+            let _ = self
+                .leaderships
+                .try_send(Box::new(Err(Error::CampaignLost(reason))));
         }
         self.watch = None;
         self.predecessor = None;
