@@ -13,8 +13,7 @@ use std::time::Duration;
 use baton_core::{Candidate, CandidateAction, ElectionConfig, LossReason};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
-    LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
-    WatchOptions, WatchStream,
+    LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::{mpsc, watch, Mutex};
 
@@ -23,13 +22,14 @@ use crate::election::{Command, GuardContext, LeaderInfo, Leadership, Status};
 use crate::error::{Error, Result};
 use crate::session::{start_lease, LeaseHandle, LeaseTransport, LeaseView};
 use crate::stats::Stats;
+use crate::watch_hub::{DeletionWatch, Fired, WatchHub};
 
 /// etcd leases are whole seconds; the server raises anything shorter than its own minimum
 /// (1.5 × election timeout, 2 s with default settings) and we use whatever it grants.
 pub(crate) const MIN_TTL: Duration = Duration::from_secs(1);
 
 /// Bound on every unary request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Bound on connecting and on the reachability probe.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -120,6 +120,8 @@ pub(crate) struct EtcdBackend {
     leases: Mutex<HashMap<LeaseKey, Arc<EtcdLease>>>,
     next_candidate: AtomicU64,
     pub(crate) stats: Arc<Stats>,
+    /// Every candidate's deletion watches share this one stream.
+    hub: WatchHub,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -163,13 +165,15 @@ impl EtcdBackend {
             Ok(Err(error)) => return Err(unreachable(root_cause(&error))),
             Err(_) => return Err(unreachable("no answer within 3s".into())),
         }
+        let stats = Arc::new(Stats::default());
         Ok(EtcdBackend {
+            hub: WatchHub::new(client.clone(), stats.clone()),
             client,
             prefix,
             clock: Clock::new(),
             leases: Mutex::new(HashMap::new()),
             next_candidate: AtomicU64::new(0),
-            stats: Arc::new(Stats::default()),
+            stats,
         })
     }
 
@@ -247,7 +251,8 @@ impl EtcdBackend {
             predecessor: None,
             predecessor_is_first: false,
             first_in_line: false,
-            watch: None,
+            own_watch: None,
+            predecessor_watch: None,
             status: None,
             commands,
             commands_rx,
@@ -634,8 +639,10 @@ struct CandidateDriver {
     predecessor_is_first: bool,
     /// Set when that deletion arrived: answer the next `FindPredecessor` without a request.
     first_in_line: bool,
-    /// Deletions of our own key and of the predecessor arrive here.
-    watch: Option<WatchStream>,
+    /// The deletion of our own key.
+    own_watch: Option<DeletionWatch>,
+    /// The deletion of the key we wait behind.
+    predecessor_watch: Option<DeletionWatch>,
     /// The status channel of the current leadership.
     status: Option<watch::Sender<Status>>,
     commands: mpsc::Sender<Command>,
@@ -680,6 +687,12 @@ impl CandidateDriver {
                 Wake::Command(command) => self.handle_command(command),
                 Wake::LeaseOver => self.core.handle_lease_expired(),
                 Wake::Deleted(key, revision) => {
+                    // The watch that fired is spent.
+                    if key == self.own_key {
+                        self.own_watch = None;
+                    } else {
+                        self.predecessor_watch = None;
+                    }
                     if key == self.own_key {
                         self.core.handle_key_deleted();
                     } else if self
@@ -749,8 +762,8 @@ impl CandidateDriver {
                 None => std::future::pending().await,
             }
         };
-        let watch = &mut self.watch;
-        let stats = &self.backend.stats;
+        let own = &mut self.own_watch;
+        let predecessor = &mut self.predecessor_watch;
         let has_key = matches!(
             self.core.state(),
             baton_core::CandidateState::Queued { .. }
@@ -758,7 +771,7 @@ impl CandidateDriver {
                 | baton_core::CandidateState::Leading { .. }
         );
         let deleted = async {
-            let Some(stream) = watch.as_mut() else {
+            let Some(own) = own.as_mut() else {
                 if has_key {
                     // The watch could not be reopened: try again shortly.
                     tokio::time::sleep(RETRY_PAUSE).await;
@@ -766,26 +779,22 @@ impl CandidateDriver {
                 }
                 return std::future::pending().await;
             };
-            loop {
-                match stream.message().await {
-                    Ok(Some(response)) => {
-                        if response.canceled() {
-                            return Wake::WatchBroken;
-                        }
-                        for event in response.events() {
-                            stats.watch_events.fetch_add(1, Ordering::Relaxed);
-                            if event.event_type() == EventType::Delete {
-                                if let (Some(kv), Some(prev)) = (event.kv(), event.prev_kv()) {
-                                    return Wake::Deleted(
-                                        kv.key().to_vec(),
-                                        prev.create_revision(),
-                                    );
-                                }
-                            }
-                        }
-                    }
-                    _ => return Wake::WatchBroken,
+            let predecessor_fired = async {
+                match predecessor.as_mut() {
+                    Some(watch) => watch.fired().await,
+                    None => std::future::pending().await,
                 }
+            };
+            let fired = tokio::select! {
+                fired = own.fired() => fired,
+                fired = predecessor_fired => fired,
+            };
+            match fired {
+                Fired::Deleted {
+                    key,
+                    create_revision,
+                } => Wake::Deleted(key, create_revision),
+                Fired::Broken => Wake::WatchBroken,
             }
         };
         // While not leading, a dropped `Candidacy` (or campaign future) means nobody will ever
@@ -814,7 +823,8 @@ impl CandidateDriver {
     /// closed and [`CandidateDriver::wait`] tries again shortly; the lease's local deadline
     /// bounds how long a leader can act meanwhile.
     async fn recheck(&mut self) {
-        self.watch = None;
+        self.own_watch = None;
+        self.predecessor_watch = None;
         tokio::time::sleep(RETRY_PAUSE).await;
         let own_revision = match self.core.state() {
             baton_core::CandidateState::Queued { own_revision, .. }
@@ -828,7 +838,8 @@ impl CandidateDriver {
             Err(_) => return,
         };
         if self.open_watch(read_revision + 1).await.is_err() {
-            self.watch = None;
+            self.own_watch = None;
+            self.predecessor_watch = None;
             return;
         }
         if let baton_core::CandidateState::Queued { predecessor, .. } = self.core.state() {
@@ -875,7 +886,8 @@ impl CandidateDriver {
     }
 
     async fn create_key(&mut self) {
-        self.watch = None;
+        self.own_watch = None;
+        self.predecessor_watch = None;
         self.predecessor = None;
         loop {
             match self.try_create_key().await {
@@ -1020,17 +1032,12 @@ impl CandidateDriver {
 
     /// Watches our own key (deletions only) from `start_revision`.
     async fn open_watch(&mut self, start_revision: i64) -> Result<()> {
-        let options = WatchOptions::new()
-            .with_filters([WatchFilterType::NoPut])
-            .with_prev_key()
-            .with_start_revision(start_revision);
-        let stream = request(
-            &self.backend.stats,
-            "watch own key",
-            self.client.watch(self.own_key.clone(), Some(options)),
-        )
-        .await?;
-        self.watch = Some(stream);
+        let watch = self
+            .backend
+            .hub
+            .watch(self.own_key.clone(), start_revision)
+            .await?;
+        self.own_watch = Some(watch);
         Ok(())
     }
 
@@ -1131,23 +1138,20 @@ impl CandidateDriver {
         let lowest = gets.next().flatten();
         self.predecessor_is_first = predecessor.is_some() && predecessor == lowest;
         if let Some((key, _)) = &predecessor {
-            // Watch from just after our read: a deletion in between is replayed, not missed.
-            let options = WatchOptions::new()
-                .with_filters([WatchFilterType::NoPut])
-                .with_prev_key()
-                .with_start_revision(read_revision + 1);
-            if self.watch.is_none() {
+            if self.own_watch.is_none() {
                 // Our key exists as of `read_revision` (the transaction checked it).
                 self.open_watch(read_revision + 1).await?;
             }
-            let Some(stream) = self.watch.as_mut() else {
-                return Err(Error::Closed);
-            };
-            self.backend.stats.request();
-            stream
-                .watch(key.clone(), Some(options))
-                .await
-                .map_err(|error| backend_error("watch predecessor", error))?;
+            // Watch from just after our read: a deletion in between is replayed, not missed.
+            // Replacing the previous predecessor's watch cancels it.
+            let watch = self
+                .backend
+                .hub
+                .watch(key.clone(), read_revision + 1)
+                .await?;
+            self.predecessor_watch = Some(watch);
+        } else {
+            self.predecessor_watch = None;
         }
         Ok(Some(predecessor))
     }
@@ -1195,11 +1199,15 @@ impl CandidateDriver {
                 .leaderships
                 .try_send(Box::new(Err(Error::CampaignLost(reason))));
         }
-        self.watch = None;
+        self.own_watch = None;
+        self.predecessor_watch = None;
         self.predecessor = None;
     }
 
     async fn delete_key(&mut self, revision: i64) {
+        // We are deleting it ourselves: stop watching it first, so nobody is told.
+        self.own_watch = None;
+        self.predecessor_watch = None;
         if self.lease_over() {
             // The key is going with the lease at the server; one try to speed that up.
             let _ = self.try_delete(revision).await;

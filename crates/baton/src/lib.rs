@@ -25,6 +25,8 @@ mod etcd;
 mod session;
 mod stats;
 mod url;
+#[cfg(feature = "etcd")]
+mod watch_hub;
 
 pub use backend::Backend;
 pub use baton_core::{

@@ -1,0 +1,245 @@
+//! One etcd watch stream per backend, shared by every candidate's deletion watches.
+//!
+//! A candidate only ever waits for one deletion at a time per key (its own key, its
+//! predecessor's): the first deletion after the start revision is the one it cares about, so
+//! each watch fires at most once, then is cancelled at the server. Multiplexing them over one
+//! gRPC stream keeps memory and server-side streams flat as the number of elections grows.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use etcd_client::{
+    Client, EventType, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
+    WatchResponseStream,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{Error, Result};
+use crate::stats::Stats;
+
+/// Bound on queued registrations and cancellations: one or two per candidate at a time.
+const QUEUE: usize = 1024;
+
+/// Why a deletion watch fired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fired {
+    /// The key was deleted; `create_revision` is that of the incarnation deleted.
+    Deleted { key: Vec<u8>, create_revision: i64 },
+    /// The watch can no longer be trusted (stream broken, cancelled by the server, event
+    /// without its previous value): find out afresh.
+    Broken,
+}
+
+enum Request {
+    Watch {
+        id: i64,
+        key: Vec<u8>,
+        start_revision: i64,
+        fired: oneshot::Sender<Fired>,
+    },
+    Cancel {
+        id: i64,
+    },
+}
+
+/// The shared stream's handle.
+pub(crate) struct WatchHub {
+    requests: mpsc::Sender<Request>,
+    next_id: AtomicI64,
+}
+
+/// One registered deletion watch; cancelled at the server when dropped.
+pub(crate) struct DeletionWatch {
+    id: i64,
+    receiver: Option<oneshot::Receiver<Fired>>,
+    requests: mpsc::Sender<Request>,
+}
+
+impl DeletionWatch {
+    /// Resolves once, when the key is deleted or the watch breaks; pends forever after that.
+    /// Cancel-safe.
+    pub(crate) async fn fired(&mut self) -> Fired {
+        let Some(receiver) = self.receiver.as_mut() else {
+            return std::future::pending().await;
+        };
+        let fired = receiver.await.unwrap_or(Fired::Broken);
+        self.receiver = None;
+        fired
+    }
+}
+
+impl Drop for DeletionWatch {
+    fn drop(&mut self) {
+        // If the queue is full the hub still drops the watch when it fires.
+        let _ = self.requests.try_send(Request::Cancel { id: self.id });
+    }
+}
+
+impl WatchHub {
+    /// A hub for `client`; its task ends when the hub is dropped.
+    pub(crate) fn new(client: Client, stats: Arc<Stats>) -> WatchHub {
+        let (requests, requests_rx) = mpsc::channel(QUEUE);
+        tokio::spawn(run(client, stats, requests_rx));
+        WatchHub {
+            requests,
+            // Watch ids are ours to choose (etcd 3.4+); zero would ask the server to choose.
+            next_id: AtomicI64::new(1),
+        }
+    }
+
+    /// Watches for the first deletion of `key` at or after `start_revision`.
+    pub(crate) async fn watch(&self, key: Vec<u8>, start_revision: i64) -> Result<DeletionWatch> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (fired, receiver) = oneshot::channel();
+        let request = Request::Watch {
+            id,
+            key,
+            start_revision,
+            fired,
+        };
+        self.requests
+            .send(request)
+            .await
+            .map_err(|_| Error::Closed)?;
+        Ok(DeletionWatch {
+            id,
+            receiver: Some(receiver),
+            requests: self.requests.clone(),
+        })
+    }
+}
+
+async fn run(client: Client, stats: Arc<Stats>, mut requests: mpsc::Receiver<Request>) {
+    let mut hub = Hub {
+        client,
+        stats,
+        stream: None,
+        watches: HashMap::new(),
+    };
+    loop {
+        tokio::select! {
+            request = requests.recv() => match request {
+                Some(request) => hub.handle_request(request).await,
+                None => return,
+            },
+            message = next_message(&mut hub.stream) => match message {
+                Ok(Some(response)) => hub.handle_response(response).await,
+                _ => hub.break_all(),
+            },
+        }
+    }
+}
+
+async fn next_message(
+    stream: &mut Option<(WatchRequestSender, WatchResponseStream)>,
+) -> std::result::Result<Option<WatchResponse>, etcd_client::Error> {
+    match stream.as_mut() {
+        Some((_, responses)) => responses.message().await,
+        None => std::future::pending().await,
+    }
+}
+
+struct Hub {
+    client: Client,
+    stats: Arc<Stats>,
+    stream: Option<(WatchRequestSender, WatchResponseStream)>,
+    watches: HashMap<i64, oneshot::Sender<Fired>>,
+}
+
+impl Hub {
+    async fn handle_request(&mut self, request: Request) {
+        match request {
+            Request::Watch {
+                id,
+                key,
+                start_revision,
+                fired,
+            } => {
+                if fired.is_closed() {
+                    return;
+                }
+                let options = WatchOptions::new()
+                    .with_watch_id(id)
+                    .with_filters([WatchFilterType::NoPut])
+                    .with_prev_key()
+                    .with_start_revision(start_revision);
+                self.stats.request();
+                if self.create(key, options).await {
+                    self.watches.insert(id, fired);
+                } else {
+                    let _ = fired.send(Fired::Broken);
+                }
+            }
+            Request::Cancel { id } => {
+                if self.watches.remove(&id).is_some() {
+                    self.cancel_at_server(id).await;
+                }
+            }
+        }
+    }
+
+    /// Registers a watch, opening the stream if needed. Returns whether it worked.
+    async fn create(&mut self, key: Vec<u8>, options: WatchOptions) -> bool {
+        if let Some((sender, _)) = self.stream.as_mut() {
+            if sender.watch(key, Some(options)).await.is_ok() {
+                return true;
+            }
+            self.break_all();
+            return false;
+        }
+        let open = self.client.watch(key, Some(options));
+        match tokio::time::timeout(crate::etcd::REQUEST_TIMEOUT, open).await {
+            Ok(Ok(stream)) => {
+                self.stream = Some(stream.split());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    async fn cancel_at_server(&mut self, id: i64) {
+        if let Some((sender, _)) = self.stream.as_mut() {
+            let _ = sender.cancel(id).await;
+        }
+    }
+
+    async fn handle_response(&mut self, response: WatchResponse) {
+        let id = response.watch_id();
+        if response.canceled() {
+            // The server gave up on this watch (say, its start revision was compacted).
+            if let Some(fired) = self.watches.remove(&id) {
+                let _ = fired.send(Fired::Broken);
+            }
+            return;
+        }
+        for event in response.events() {
+            self.stats.watch_events.fetch_add(1, Ordering::Relaxed);
+            if event.event_type() != EventType::Delete {
+                continue;
+            }
+            let Some(fired) = self.watches.remove(&id) else {
+                return;
+            };
+            let outcome = match (event.kv(), event.prev_kv()) {
+                (Some(kv), Some(prev)) => Fired::Deleted {
+                    key: kv.key().to_vec(),
+                    create_revision: prev.create_revision(),
+                },
+                // Without the previous value we cannot tell which incarnation went.
+                _ => Fired::Broken,
+            };
+            let _ = fired.send(outcome);
+            self.cancel_at_server(id).await;
+            return;
+        }
+    }
+
+    /// The stream is gone: every watch on it is broken.
+    fn break_all(&mut self) {
+        self.stream = None;
+        for (_, fired) in self.watches.drain() {
+            let _ = fired.send(Fired::Broken);
+        }
+    }
+}
