@@ -72,6 +72,15 @@ async fn request_within<T>(
     call: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
 ) -> Result<T> {
     stats.request();
+    timed(limit, operation, call).await
+}
+
+/// Runs one request under `limit`, mapping its failure and its timeout to [`Error`].
+async fn timed<T>(
+    limit: Duration,
+    operation: &'static str,
+    call: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+) -> Result<T> {
     match tokio::time::timeout(limit, call).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(backend_error(operation, error)),
@@ -517,16 +526,7 @@ pub(crate) async fn guarded_put(
             revision,
         )])
         .and_then([TxnOp::put(key, value, None)]);
-    let response = match tokio::time::timeout(REQUEST_TIMEOUT, client.txn(txn)).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => return Err(backend_error("guarded put", error)),
-        Err(_) => {
-            return Err(Error::Timeout {
-                operation: "guarded put",
-                after_ms: REQUEST_TIMEOUT.as_millis() as u64,
-            })
-        }
-    };
+    let response = timed(REQUEST_TIMEOUT, "guarded put", client.txn(txn)).await?;
     if response.succeeded() {
         Ok(())
     } else {
@@ -764,12 +764,7 @@ impl CandidateDriver {
         };
         let own = &mut self.own_watch;
         let predecessor = &mut self.predecessor_watch;
-        let has_key = matches!(
-            self.core.state(),
-            baton_core::CandidateState::Queued { .. }
-                | baton_core::CandidateState::Positioning { .. }
-                | baton_core::CandidateState::Leading { .. }
-        );
+        let has_key = self.core.own_revision().is_some();
         let deleted = async {
             let Some(own) = own.as_mut() else {
                 if has_key {
@@ -823,28 +818,30 @@ impl CandidateDriver {
     /// closed and [`CandidateDriver::wait`] tries again shortly; the lease's local deadline
     /// bounds how long a leader can act meanwhile.
     async fn recheck(&mut self) {
-        self.own_watch = None;
-        self.predecessor_watch = None;
+        self.drop_watches();
         tokio::time::sleep(RETRY_PAUSE).await;
-        let own_revision = match self.core.state() {
-            baton_core::CandidateState::Queued { own_revision, .. }
-            | baton_core::CandidateState::Positioning { own_revision } => own_revision,
-            baton_core::CandidateState::Leading { token } => token,
-            _ => return,
-        } as i64;
+        let Some(own_revision) = self.core.own_revision() else {
+            return;
+        };
+        let own_revision = own_revision as i64;
         let read_revision = match self.own_key_revision(own_revision).await {
             Ok(Some(read_revision)) => read_revision,
             Ok(None) => return self.core.handle_key_deleted(),
             Err(_) => return,
         };
         if self.open_watch(read_revision + 1).await.is_err() {
-            self.own_watch = None;
-            self.predecessor_watch = None;
+            // `wait` retries shortly while a key has no watch.
             return;
         }
         if let baton_core::CandidateState::Queued { predecessor, .. } = self.core.state() {
             self.core.handle_predecessor_deleted(predecessor);
         }
+    }
+
+    /// Stops both deletion watches (cancelled at the server by the hub).
+    fn drop_watches(&mut self) {
+        self.own_watch = None;
+        self.predecessor_watch = None;
     }
 
     /// `Some(revision of the read)` if our key exists with `own_revision`, `None` if not.
@@ -886,8 +883,7 @@ impl CandidateDriver {
     }
 
     async fn create_key(&mut self) {
-        self.own_watch = None;
-        self.predecessor_watch = None;
+        self.drop_watches();
         self.predecessor = None;
         loop {
             match self.try_create_key().await {
@@ -1199,15 +1195,13 @@ impl CandidateDriver {
                 .leaderships
                 .try_send(Box::new(Err(Error::CampaignLost(reason))));
         }
-        self.own_watch = None;
-        self.predecessor_watch = None;
+        self.drop_watches();
         self.predecessor = None;
     }
 
     async fn delete_key(&mut self, revision: i64) {
         // We are deleting it ourselves: stop watching it first, so nobody is told.
-        self.own_watch = None;
-        self.predecessor_watch = None;
+        self.drop_watches();
         if self.lease_over() {
             // The key is going with the lease at the server; one try to speed that up.
             let _ = self.try_delete(revision).await;

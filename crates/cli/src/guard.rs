@@ -111,14 +111,7 @@ pub fn main(command: &[std::ffi::OsString]) -> ! {
         }
     };
     std::thread::spawn(move || {
-        let code = match child.wait() {
-            Ok(status) => match (status.code(), status.signal()) {
-                (Some(code), _) => code,
-                (None, Some(signal)) => 128 + signal,
-                (None, None) => 1,
-            },
-            Err(_) => 1,
-        };
+        let code = exit_code(child.wait());
         // SAFETY: fd 4 is the status pipe's write end, owned by nothing else in this process.
         let mut status_pipe = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
         use std::io::Write;
@@ -151,6 +144,18 @@ pub fn main(command: &[std::ffi::OsString]) -> ! {
             }
             None => {}
         }
+    }
+}
+
+/// A process's exit as a shell reports it: its code, or 128 + the signal that killed it.
+pub fn exit_code(status: std::io::Result<std::process::ExitStatus>) -> i32 {
+    match status {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => code,
+            (None, Some(signal)) => 128 + signal,
+            (None, None) => 1,
+        },
+        Err(_) => 1,
     }
 }
 

@@ -5,7 +5,6 @@
 //! later than the local deadline; when CMD exits it resigns and exits with CMD's code.
 
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -284,14 +283,7 @@ impl Running {
                 }
             }
         }
-        let code = match self.child.wait().await {
-            Ok(status) => match (status.code(), status.signal()) {
-                (Some(code), _) => code as u8,
-                (None, Some(signal)) => 128 + signal as u8,
-                (None, None) => 1,
-            },
-            Err(_) => 1,
-        };
+        let code = guard::exit_code(self.child.wait().await) as u8;
         self.code = Some(code);
         code
     }
@@ -398,9 +390,11 @@ impl Standby {
     /// Starts the guard for `command`; it waits until [`Standby::start`].
     fn spawn(command: &[OsString], election: &str, id: &str) -> anyhow::Result<Standby> {
         let me = std::env::current_exe().context("finding the baton executable")?;
-        let (read_end, write_end) = pipe().context("creating the guard's control pipe")?;
+        let (read_end, write_end) = pipe(0).context("creating the guard's control pipe")?;
         let read_fd = read_end.as_raw_fd();
-        let (status_read, status_write) = pipe().context("creating the guard's status pipe")?;
+        // Non-blocking for tokio's reader; the guard's one short write never blocks either.
+        let (status_read, status_write) =
+            pipe(libc::O_NONBLOCK).context("creating the guard's status pipe")?;
         let status_fd = status_write.as_raw_fd();
         let mut guard = Command::new(me);
         guard
@@ -428,9 +422,7 @@ impl Standby {
         drop(read_end);
         drop(status_write);
         // Without the status pipe the guard's own exit still tells us; it is only slower.
-        let status = set_nonblocking(&status_read)
-            .ok()
-            .and_then(|()| pipe::Receiver::from_owned_fd(status_read).ok());
+        let status = pipe::Receiver::from_owned_fd(status_read).ok();
         Ok(Standby {
             child,
             control: std::fs::File::from(write_end),
@@ -457,17 +449,6 @@ impl Standby {
     }
 }
 
-fn set_nonblocking(fd: &std::os::fd::OwnedFd) -> std::io::Result<()> {
-    // SAFETY: fcntl on a descriptor we own.
-    unsafe {
-        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        if flags < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 /// A tokio deadline as `CLOCK_MONOTONIC` nanoseconds, the guard's clock.
 fn monotonic_deadline(deadline: Instant) -> u64 {
     // Read the guard's clock first: time passing between the two reads then moves the result
@@ -481,12 +462,12 @@ fn monotonic_deadline(deadline: Instant) -> u64 {
     }
 }
 
-/// A pipe whose both ends are close-on-exec.
-fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+/// A pipe whose both ends are close-on-exec, with `flags` (such as `O_NONBLOCK`) added.
+fn pipe(flags: libc::c_int) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     use std::os::fd::FromRawFd;
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two descriptors into the array we own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | flags) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: both descriptors were just created and are owned by nothing else.

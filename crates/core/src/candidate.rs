@@ -138,6 +138,16 @@ impl Candidate {
         }
     }
 
+    /// The revision of our entry while one exists (positioning, queued or leading).
+    pub fn own_revision(&self) -> Option<u64> {
+        match self.state {
+            CandidateState::Positioning { own_revision }
+            | CandidateState::Queued { own_revision, .. } => Some(own_revision),
+            CandidateState::Leading { token } => Some(token),
+            _ => None,
+        }
+    }
+
     /// Whether the candidacy is over for good.
     pub fn is_finished(&self) -> bool {
         matches!(
@@ -260,15 +270,6 @@ impl Candidate {
     }
 
     // Transitions.
-
-    fn own_revision(&self) -> Option<u64> {
-        match self.state {
-            CandidateState::Positioning { own_revision }
-            | CandidateState::Queued { own_revision, .. } => Some(own_revision),
-            CandidateState::Leading { token } => Some(token),
-            _ => None,
-        }
-    }
 
     fn become_creating(&mut self) {
         self.state = CandidateState::Creating;
