@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,32 +116,6 @@ fn pump(mut from: TcpStream, mut to: TcpStream, partitioned: Arc<AtomicBool>) {
     let _ = to.shutdown(Shutdown::Both);
 }
 
-fn start(backend: &str, election: &str, dir: &Path, name: &str) -> Child {
-    let script = format!(
-        "echo $BATON_TOKEN > {d}/{n}.token.tmp; mv {d}/{n}.token.tmp {d}/{n}.token; \
-         echo $$ > {d}/{n}.pid; exec sleep 1000",
-        d = dir.display(),
-        n = name
-    );
-    let stderr = std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args([
-            "run",
-            "--backend",
-            backend,
-            "--election",
-            election,
-            "--id",
-            name,
-        ])
-        .args(["--ttl", "2s", "--", "sh", "-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap()
-}
-
 #[test]
 fn partitioned_leader_stops_before_the_successor_starts_and_stays_stopped_after_healing() {
     let Setup {
@@ -152,16 +126,12 @@ fn partitioned_leader_stops_before_the_successor_starts_and_stays_stopped_after_
         direct,
     } = Setup::new("partition");
 
-    let mut a = start(&through_proxy, &election, &dir, "a");
-    let a_token = wait_for("a runs", Duration::from_secs(5), || {
-        read_number(&dir.join("a.token"))
-    });
-    let a_pid = wait_for("a's pid", Duration::from_secs(1), || {
-        read_number(&dir.join("a.pid"))
-    });
-    let mut b = start(&direct, &election, &dir, "b");
+    let mut a = Runner::start(&through_proxy, &election, "2s", &dir, "a");
+    let a_token = a.wait_running(Duration::from_secs(5));
+    let a_pid = a.child_pid().unwrap();
+    let b = Runner::start(&direct, &election, "2s", &dir, "b");
     std::thread::sleep(Duration::from_millis(500));
-    assert!(read_number(&dir.join("b.token")).is_none());
+    assert!(b.token().is_none());
 
     let partitioned_at = Instant::now();
     proxy.set_partitioned(true);
@@ -171,7 +141,7 @@ fn partitioned_leader_stops_before_the_successor_starts_and_stays_stopped_after_
         if a_dead_at.is_none() && !alive(a_pid) {
             a_dead_at = Some(Instant::now());
         }
-        read_number(&dir.join("b.token")).map(|_| Instant::now())
+        b.token().map(|_| Instant::now())
     });
     let a_dead_at = a_dead_at.expect("a's command was still running when b's started");
     assert!(a_dead_at < b_started_at);
@@ -182,13 +152,15 @@ fn partitioned_leader_stops_before_the_successor_starts_and_stays_stopped_after_
         "{:?}",
         a_dead_at - partitioned_at
     );
-    let b_token = read_number(&dir.join("b.token")).unwrap();
+    let b_token = b.token().unwrap();
     assert!(b_token > a_token);
 
     // Heal: a's delayed renewals reach etcd after the lease expired; nothing comes back.
     std::thread::sleep(Duration::from_millis(500));
     proxy.set_partitioned(false);
-    let status = wait_for("a exits", Duration::from_secs(5), || a.try_wait().unwrap());
+    let status = wait_for("a exits", Duration::from_secs(5), || {
+        a.child.try_wait().unwrap()
+    });
     assert_eq!(status.code(), Some(3));
     std::thread::sleep(Duration::from_millis(500));
     let leader = Command::new(env!("CARGO_BIN_EXE_baton"))
@@ -198,12 +170,6 @@ fn partitioned_leader_stops_before_the_successor_starts_and_stays_stopped_after_
     let line: serde_json::Value = serde_json::from_slice(&leader.stdout).unwrap();
     assert_eq!(line["leader"]["id"], "b");
     assert_eq!(line["leader"]["token"], b_token);
-    let _ = b.kill();
-    let _ = b.wait();
-    if let Some(pid) = read_number(&dir.join("b.pid")) {
-        // SAFETY: kill has no memory-safety preconditions.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    }
 }
 
 #[test]
@@ -215,26 +181,24 @@ fn after_its_connections_are_reset_a_leader_still_hears_of_its_key_being_deleted
         through_proxy,
         ..
     } = Setup::new("reset");
-    let mut a = start(&through_proxy, &election, &dir, "a");
-    wait_for("a runs", Duration::from_secs(5), || {
-        read_number(&dir.join("a.token"))
-    });
-    let a_pid = wait_for("a's pid", Duration::from_secs(1), || {
-        read_number(&dir.join("a.pid"))
-    });
+    let mut a = Runner::start(&through_proxy, &election, "2s", &dir, "a");
+    a.wait_running(Duration::from_secs(5));
+    let a_pid = a.child_pid().unwrap();
     // Cut every connection: renewals and the watch on a's own key break and must be rebuilt.
     proxy.reset();
     std::thread::sleep(Duration::from_millis(1_500));
     assert!(alive(a_pid), "a reconnects and keeps its lease");
-    assert!(a.try_wait().unwrap().is_none());
+    assert!(a.child.try_wait().unwrap().is_none());
     // The rebuilt watch reports the deletion of a's key: a stops at once.
     delete_election_keys(&election);
     wait_for("a's command killed", Duration::from_secs(2), || {
         (!alive(a_pid)).then_some(())
     });
-    let status = wait_for("a exits", Duration::from_secs(2), || a.try_wait().unwrap());
+    let status = wait_for("a exits", Duration::from_secs(2), || {
+        a.child.try_wait().unwrap()
+    });
     assert_eq!(status.code(), Some(3));
-    let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap();
+    let stderr = a.stderr();
     assert!(stderr.contains("leader key deleted"), "{stderr}");
 }
 
@@ -247,26 +211,20 @@ fn after_its_connections_are_reset_a_waiter_still_takes_over() {
         through_proxy,
         direct,
     } = Setup::new("reset-waiter");
-    let mut leader = start(&direct, &election, &dir, "l");
-    wait_for("leader runs", Duration::from_secs(5), || {
-        read_number(&dir.join("l.token"))
-    });
-    let mut waiter = start(&through_proxy, &election, &dir, "w");
+    let mut leader = Runner::start(&direct, &election, "2s", &dir, "l");
+    leader.wait_running(Duration::from_secs(5));
+    let mut waiter = Runner::start(&through_proxy, &election, "2s", &dir, "w");
     std::thread::sleep(Duration::from_millis(500));
     proxy.reset();
     std::thread::sleep(Duration::from_millis(1_000));
     assert!(
-        waiter.try_wait().unwrap().is_none(),
+        waiter.child.try_wait().unwrap().is_none(),
         "the waiter keeps campaigning"
     );
     // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(leader.id() as i32, libc::SIGTERM) };
-    leader.wait().unwrap();
-    wait_for("waiter runs", Duration::from_secs(3), || {
-        read_number(&dir.join("w.token"))
-    });
-    let _ = waiter.kill();
-    let _ = waiter.wait();
+    unsafe { libc::kill(leader.child.id() as i32, libc::SIGTERM) };
+    leader.child.wait().unwrap();
+    waiter.wait_running(Duration::from_secs(3));
 }
 
 #[test]
@@ -278,10 +236,8 @@ fn sigterm_ends_a_requeueing_candidate_even_while_etcd_is_unreachable() {
         through_proxy,
         direct,
     } = Setup::new("term-outage");
-    let mut leader = start(&direct, &election, &dir, "l");
-    wait_for("leader runs", Duration::from_secs(5), || {
-        read_number(&dir.join("l.token"))
-    });
+    let leader = Runner::start(&direct, &election, "2s", &dir, "l");
+    leader.wait_running(Duration::from_secs(5));
     let stderr = std::fs::File::create(dir.join("w.stderr")).unwrap();
     let mut waiter = Command::new(env!("CARGO_BIN_EXE_baton"))
         .args([
@@ -315,6 +271,5 @@ fn sigterm_ends_a_requeueing_candidate_even_while_etcd_is_unreachable() {
         sent.elapsed()
     );
     assert!(read_number(&dir.join("w.token")).is_none());
-    let _ = leader.kill();
-    let _ = leader.wait();
+    drop(leader);
 }

@@ -4,84 +4,8 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-/// One `baton run` whose child records its pid, token and a grandchild's pid in `dir`.
-struct Runner {
-    child: Child,
-    dir: PathBuf,
-    name: &'static str,
-}
-
-impl Runner {
-    fn start(election: &str, ttl: &str, dir: &Path, name: &'static str) -> Runner {
-        let script = format!(
-            "echo $BATON_TOKEN > {d}/{n}.token.tmp; mv {d}/{n}.token.tmp {d}/{n}.token; \
-             sleep 1000 & echo $! > {d}/{n}.grandchild; echo $$ > {d}/{n}.pid; wait",
-            d = dir.display(),
-            n = name
-        );
-        let stderr = std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap();
-        let child = baton()
-            .args([
-                "run",
-                "--backend",
-                &url(),
-                "--election",
-                election,
-                "--ttl",
-                ttl,
-            ])
-            .args(["--id", name, "--grace", "1s", "--", "sh", "-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap();
-        Runner {
-            child,
-            dir: dir.to_path_buf(),
-            name,
-        }
-    }
-
-    fn token(&self) -> Option<u64> {
-        read_number(&self.dir.join(format!("{}.token", self.name)))
-    }
-
-    fn child_pid(&self) -> Option<u64> {
-        read_number(&self.dir.join(format!("{}.pid", self.name)))
-    }
-
-    fn grandchild_pid(&self) -> Option<u64> {
-        read_number(&self.dir.join(format!("{}.grandchild", self.name)))
-    }
-
-    /// Waits until the command runs; returns its token.
-    fn wait_running(&self, limit: Duration) -> u64 {
-        wait_for(&format!("{} running", self.name), limit, || {
-            self.child_pid().and(self.token())
-        })
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(self.dir.join(format!("{}.stderr", self.name))).unwrap_or_default()
-    }
-}
-
-impl Drop for Runner {
-    fn drop(&mut self) {
-        if let Some(pid) = self.child_pid() {
-            if alive(pid) {
-                signal(-process_group(pid), libc::SIGKILL);
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[test]
 fn child_gets_its_environment_and_its_exit_code_propagates() {
@@ -134,9 +58,9 @@ fn child_gets_its_environment_and_its_exit_code_propagates() {
 fn kill_9_of_the_supervisor_kills_its_group_and_the_successor_takes_over() {
     let dir = scratch("kill9");
     let election = unique("kill9");
-    let a = Runner::start(&election, "2s", &dir, "a");
+    let a = Runner::start(&url(), &election, "2s", &dir, "a");
     let a_token = a.wait_running(Duration::from_secs(5));
-    let b = Runner::start(&election, "2s", &dir, "b");
+    let b = Runner::start(&url(), &election, "2s", &dir, "b");
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(b.token(), None, "b must not run while a leads");
     let (a_child, a_grandchild) = (a.child_pid().unwrap(), a.grandchild_pid().unwrap());
@@ -153,9 +77,9 @@ fn kill_9_of_the_supervisor_kills_its_group_and_the_successor_takes_over() {
 fn sigstop_longer_than_the_ttl_kills_the_stale_child_on_resume_and_fences_it() {
     let dir = scratch("stop");
     let election = unique("stop");
-    let a = Runner::start(&election, "2s", &dir, "a");
+    let a = Runner::start(&url(), &election, "2s", &dir, "a");
     let a_token = a.wait_running(Duration::from_secs(5));
-    let b = Runner::start(&election, "2s", &dir, "b");
+    let b = Runner::start(&url(), &election, "2s", &dir, "b");
     std::thread::sleep(Duration::from_millis(300));
     let a_child = a.child_pid().unwrap();
     let a_group = process_group(a_child);
@@ -212,9 +136,9 @@ fn sigterm_hands_over_to_the_successor_at_once() {
     let dir = scratch("term");
     let election = unique("term");
     // A 10 s TTL: a takeover within a second can only come from the resign.
-    let a = Runner::start(&election, "10s", &dir, "a");
+    let a = Runner::start(&url(), &election, "10s", &dir, "a");
     let a_token = a.wait_running(Duration::from_secs(5));
-    let b = Runner::start(&election, "10s", &dir, "b");
+    let b = Runner::start(&url(), &election, "10s", &dir, "b");
     std::thread::sleep(Duration::from_millis(300));
     let a_child = a.child_pid().unwrap();
     let a_grandchild = a.grandchild_pid().unwrap();
@@ -235,7 +159,7 @@ fn sigterm_hands_over_to_the_successor_at_once() {
 fn deleted_leader_key_kills_the_command_and_exits_3() {
     let dir = scratch("deleted");
     let election = unique("deleted");
-    let mut a = Runner::start(&election, "2s", &dir, "a");
+    let mut a = Runner::start(&url(), &election, "2s", &dir, "a");
     a.wait_running(Duration::from_secs(5));
     let a_child = a.child_pid().unwrap();
     delete_election_keys(&election);
@@ -413,9 +337,9 @@ fn requeue_runs_the_command_again_with_a_larger_token_after_a_loss() {
 fn a_stalled_supervisor_cannot_keep_its_command_running() {
     let dir = scratch("stall");
     let election = unique("stall");
-    let a = Runner::start(&election, "2s", &dir, "a");
+    let a = Runner::start(&url(), &election, "2s", &dir, "a");
     let a_token = a.wait_running(Duration::from_secs(5));
-    let b = Runner::start(&election, "2s", &dir, "b");
+    let b = Runner::start(&url(), &election, "2s", &dir, "b");
     std::thread::sleep(Duration::from_millis(300));
     let a_child = a.child_pid().unwrap();
     // Freeze only the supervisor: its command's group keeps running, and only the guard's

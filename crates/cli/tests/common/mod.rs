@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub fn etcd() -> String {
@@ -107,4 +107,85 @@ pub fn run_script(election: &str, extra: &[&str], script: &str) -> Command {
         .args(extra)
         .args(["--", "sh", "-c", script]);
     command
+}
+
+/// One `baton run` whose child records its pid, token and a grandchild's pid in `dir`.
+pub struct Runner {
+    pub child: Child,
+    dir: PathBuf,
+    name: &'static str,
+}
+
+impl Runner {
+    pub fn start(
+        backend: &str,
+        election: &str,
+        ttl: &str,
+        dir: &Path,
+        name: &'static str,
+    ) -> Runner {
+        let script = format!(
+            "echo $BATON_TOKEN > {d}/{n}.token.tmp; mv {d}/{n}.token.tmp {d}/{n}.token; \
+             sleep 1000 & echo $! > {d}/{n}.grandchild; echo $$ > {d}/{n}.pid; wait",
+            d = dir.display(),
+            n = name
+        );
+        let stderr = std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap();
+        let child = baton()
+            .args([
+                "run",
+                "--backend",
+                backend,
+                "--election",
+                election,
+                "--ttl",
+                ttl,
+            ])
+            .args(["--id", name, "--grace", "1s", "--", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        Runner {
+            child,
+            dir: dir.to_path_buf(),
+            name,
+        }
+    }
+
+    pub fn token(&self) -> Option<u64> {
+        read_number(&self.dir.join(format!("{}.token", self.name)))
+    }
+
+    pub fn child_pid(&self) -> Option<u64> {
+        read_number(&self.dir.join(format!("{}.pid", self.name)))
+    }
+
+    pub fn grandchild_pid(&self) -> Option<u64> {
+        read_number(&self.dir.join(format!("{}.grandchild", self.name)))
+    }
+
+    /// Waits until the command runs; returns its token.
+    pub fn wait_running(&self, limit: Duration) -> u64 {
+        wait_for(&format!("{} running", self.name), limit, || {
+            self.child_pid().and(self.token())
+        })
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{}.stderr", self.name))).unwrap_or_default()
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child_pid() {
+            if alive(pid) {
+                signal(-process_group(pid), libc::SIGKILL);
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
