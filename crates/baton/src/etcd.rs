@@ -922,17 +922,9 @@ impl CandidateDriver {
             return true;
         }
         let key = self.own_key.clone();
-        let txn = Txn::new()
-            .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
-            .and_then([TxnOp::delete(key, None)]);
-        request_within(
-            DELETE_TIMEOUT,
-            &self.backend.stats,
-            "delete candidate key",
-            self.client.txn(txn),
-        )
-        .await
-        .is_ok()
+        self.delete_own_key_if(Compare::lease(key, CompareOp::Equal, lease))
+            .await
+            .is_ok()
     }
 
     /// Without requeue a failure ends the candidacy and reaches the caller; with requeue we
@@ -1225,13 +1217,15 @@ impl CandidateDriver {
     async fn try_delete(&mut self, revision: i64) -> Result<()> {
         // Delete only the key we created, never a later one with the same name.
         let key = self.own_key.clone();
+        self.delete_own_key_if(Compare::create_revision(key, CompareOp::Equal, revision))
+            .await
+    }
+
+    /// Deletes our key name in one transaction guarded by `condition`, within the delete bound.
+    async fn delete_own_key_if(&mut self, condition: Compare) -> Result<()> {
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                key.clone(),
-                CompareOp::Equal,
-                revision,
-            )])
-            .and_then([TxnOp::delete(key, None)]);
+            .when([condition])
+            .and_then([TxnOp::delete(self.own_key.clone(), None)]);
         request_within(
             DELETE_TIMEOUT,
             &self.backend.stats,
