@@ -1,36 +1,69 @@
-//! The process-group guard: the one process `baton run` starts directly.
+//! The guard: the one process `baton run` starts directly, and the keeper of the command's
+//! containment.
 //!
 //! `baton run` starts `baton __guard -- CMD ARGS` as the leader of a new process group *while
 //! it campaigns*, so that the guard's own start-up is off the handoff's critical path. The guard
-//! arranges to be told when its parent dies (`PR_SET_PDEATHSIG`), then waits on its control pipe
-//! (fd 3) for `TOKEN DEADLINE`. It starts CMD in the same group with `BATON_TOKEN` set; if the
-//! pipe closes first it exits quietly.
+//! is a child subreaper (orphans of the command are re-parented to it, not to PID 1), arranges
+//! to be told when its parent dies (`PR_SET_PDEATHSIG`), then waits on its control pipe (fd 3)
+//! for `TOKEN DEADLINE`. It starts CMD with `BATON_TOKEN` set, inside the cgroup `baton run`
+//! created (see [`crate::containment`]).
 //!
 //! While CMD runs the guard is a dead-man switch: the supervisor sends every later local deadline
-//! (`CLOCK_MONOTONIC` nanoseconds) down the control pipe, and the guard SIGKILLs the whole group
-//! when the last deadline it heard of passes. So a supervisor that is killed (parent-death
-//! signal), frozen, or stalled (say, blocked writing to a full stderr pipe) cannot leave CMD
-//! acting past its lease. When CMD exits, the guard writes its exit code to the status pipe
-//! (fd 4) at once and exits with the same code. The guard ignores a plain SIGTERM to the group
-//! (CMD gets it and decides).
+//! (`CLOCK_BOOTTIME` nanoseconds, so time suspended counts) down the control pipe, and the guard
+//! kills the whole containment when the last deadline it heard of passes, then reports
+//! `expired`. So a supervisor that is killed (parent-death signal), frozen, or stalled cannot
+//! leave CMD acting past its lease.
+//!
+//! The term lasts while anything CMD started still runs: when CMD exits and nothing of it is
+//! left (no child of the guard, the cgroup empty), the guard reports `exit CODE` on the status
+//! pipe (fd 4) and exits with CODE; when CMD exits but processes it started live on (a daemon
+//! it forked), the guard reports `left CODE` once and keeps guarding them.
+//!
+//! Signals: the guard ignores SIGTERM, SIGINT, SIGHUP, SIGUSR1/2, SIGQUIT and SIGALRM meant for
+//! the job (`pkill -HUP -f JOB` also matches the guard's command line). Its parent-death signal
+//! (SIGUSR1) counts only when its parent really is gone.
 
-use std::os::fd::FromRawFd;
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
 
-/// The control pipe's file descriptor, set up by `baton run`: the token arrives here.
+use crate::containment::{self, Cage, CAGE_ENV};
+
+/// The control pipe's file descriptor, set up by `baton run`: the token and deadlines arrive here.
 pub const CONTROL_FD: i32 = 3;
-/// The status pipe's file descriptor: CMD's exit code goes back here the moment CMD exits,
-/// before the guard's own (slower) exit.
+/// The status pipe's file descriptor: the guard's reports go back here.
 pub const STATUS_FD: i32 = 4;
 
 /// The signal the kernel sends the guard when its parent dies.
 const PARENT_DEATH_SIGNAL: libc::c_int = libc::SIGUSR1;
 
-extern "C" fn kill_group(_: libc::c_int) {
-    // SAFETY: kill is async-signal-safe; 0 means "my process group", which includes us.
+/// Signals meant for the job (or stray), which must not end the guard.
+const IGNORED: [libc::c_int; 7] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGUSR2,
+    libc::SIGQUIT,
+    libc::SIGALRM,
+    libc::SIGPIPE,
+];
+
+/// The write end of the self-pipe that signal handlers use to wake the main loop.
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn wake(_: libc::c_int) {
+    // SAFETY: write is async-signal-safe; errno is saved and restored around it.
     unsafe {
-        libc::kill(0, libc::SIGKILL);
+        let saved = *libc::__errno_location();
+        let fd = WAKE_FD.load(Ordering::Relaxed);
+        if fd >= 0 {
+            libc::write(fd, [1u8].as_ptr().cast(), 1);
+        }
+        *libc::__errno_location() = saved;
     }
 }
 
@@ -38,7 +71,7 @@ extern "C" fn ignore(_: libc::c_int) {}
 
 fn install(signal: libc::c_int, handler: extern "C" fn(libc::c_int)) {
     // SAFETY: plain sigaction with a handler that only calls async-signal-safe functions. A
-    // handler (not SIG_IGN) is used for SIGTERM so that CMD, after exec, gets the default.
+    // handler (not SIG_IGN) is used so that CMD, after exec, gets the default disposition.
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = handler as usize;
@@ -49,102 +82,289 @@ fn install(signal: libc::c_int, handler: extern "C" fn(libc::c_int)) {
 }
 
 /// Runs the guard; never returns.
-pub fn main(command: &[std::ffi::OsString]) -> ! {
-    install(PARENT_DEATH_SIGNAL, kill_group);
-    install(libc::SIGTERM, ignore);
-    install(libc::SIGINT, ignore);
+pub fn main(command: &[OsString]) -> ! {
     let supervisor: i32 = std::env::var("BATON_SUPERVISOR_PID")
         .ok()
         .and_then(|pid| pid.parse().ok())
         .unwrap_or(-1);
-    // SAFETY: prctl and getppid have no memory-safety preconditions.
+    let cage = Cage::from_env(&std::env::var(CAGE_ENV).unwrap_or_default());
+    let Ok((wake_read, wake_write)) = pipe(libc::O_NONBLOCK) else {
+        // Without a wake-up pipe the guard cannot watch anything: refuse to start CMD.
+        std::process::exit(1);
+    };
+    WAKE_FD.store(wake_write.as_raw_fd(), Ordering::Relaxed);
+    std::mem::forget(wake_write);
+    install(PARENT_DEATH_SIGNAL, wake);
+    install(libc::SIGCHLD, wake);
+    for signal in IGNORED {
+        install(signal, ignore);
+    }
+    // SAFETY: prctl has no memory-safety preconditions.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL as libc::c_ulong);
-        // The supervisor may have died before the line above: then we are already orphaned.
-        if libc::getppid() != supervisor {
-            kill_group(0);
-        }
     }
-    let Some((program, args)) = command.split_first() else {
-        eprintln!("baton: error: __guard needs a command");
-        std::process::exit(2);
-    };
-    // Both pipes stay open in the guard but must not leak into CMD.
-    // SAFETY: fcntl on descriptors `baton run` set up for us.
+    let _ = containment::become_subreaper();
+    // SAFETY: fcntl on descriptors `baton run` set up for us: they must not leak into CMD.
     unsafe {
         libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC);
         libc::fcntl(STATUS_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+        let flags = libc::fcntl(CONTROL_FD, libc::F_GETFL);
+        libc::fcntl(CONTROL_FD, libc::F_SETFL, flags | libc::O_NONBLOCK);
     }
-    let mut control = Control::default();
+    let mut guard = Guard {
+        cage,
+        supervisor,
+        wake: wake_read,
+        timer: timerfd(),
+        control: Control::default(),
+    };
+    let Some(program) = command.first() else {
+        let _ = report("error __guard needs a command");
+        std::process::exit(2);
+    };
     // The first line is "TOKEN DEADLINE"; nothing (the pipe closed) means the supervisor
     // stopped before winning, or died: nothing to run.
-    let first = control.next_line(None).unwrap_or_default();
-    let mut fields = first.split_whitespace();
-    let (Some(Ok(token)), Some(Ok(mut deadline))) = (
-        fields.next().map(str::parse::<u64>),
-        fields.next().map(str::parse::<u64>),
-    ) else {
-        std::process::exit(0);
+    let (token, mut deadline) = loop {
+        guard.check_parent();
+        if let Some(line) = guard.control.pop_line() {
+            let mut fields = line.split_whitespace();
+            match (
+                fields.next().map(str::parse::<u64>),
+                fields.next().map(str::parse::<u64>),
+            ) {
+                (Some(Ok(token)), Some(Ok(deadline))) => break (token, deadline),
+                _ => std::process::exit(0),
+            }
+        }
+        if guard.control.closed {
+            std::process::exit(0);
+        }
+        guard.poll(None, None);
     };
-    if monotonic_nanos() >= deadline {
+    if clock_nanos() >= deadline {
         // The lease ran out between the election and now: never start without one.
         std::process::exit(0);
     }
-    let child = Command::new(program)
-        .args(args)
+    let join = guard.cage.joiner();
+    let mut start = Command::new(program);
+    start
+        .args(&command[1..])
         .env("BATON_TOKEN", token.to_string())
         .env_remove("BATON_SUPERVISOR_PID")
-        .spawn();
-    let mut child = match child {
-        Ok(child) => child,
+        .env_remove(CAGE_ENV);
+    // SAFETY: the closure only makes async-signal-safe calls (open, write, close).
+    unsafe {
+        start.pre_exec(join);
+    }
+    let cmd = match start.spawn() {
+        Ok(child) => child.id() as i32,
         Err(error) => {
-            eprintln!(
+            let _ = writeln_stderr(&format!(
                 "baton: error: cannot start {}: {error}",
                 program.to_string_lossy()
-            );
+            ));
             // 126/127 as the shell reports "cannot execute" / "command not found".
-            std::process::exit(if error.kind() == std::io::ErrorKind::NotFound {
+            let code = if error.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
                 126
-            });
+            };
+            let _ = report(&format!("exit {code}"));
+            std::process::exit(code);
         }
     };
-    std::thread::spawn(move || {
-        let code = exit_code(child.wait());
-        // SAFETY: fd 4 is the status pipe's write end, owned by nothing else in this process.
-        let mut status_pipe = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
-        use std::io::Write;
-        let _ = writeln!(status_pipe, "{code}");
-        // CMD may have left children behind (`worker & exit 0`). Without us they would have no
-        // dead-man switch and no parent-death kill, so the whole group goes now; the
-        // supervisor has CMD's exit code from the status pipe.
-        kill_group(0);
-        std::process::exit(code)
-    });
-    // The dead-man switch: the supervisor sends each new local deadline; if it stops doing so
-    // (stopped, stalled, blocked writing a log line) the group dies at the last one it sent.
+    let mut code: Option<i32> = None;
+    let mut told_left = false;
     loop {
-        let now = monotonic_nanos();
-        if now >= deadline {
-            // Kill first and say nothing: stderr may be the very pipe that stalled the
-            // supervisor. The supervisor (if it ever runs again) sees the group gone.
-            kill_group(0);
+        let children_left = reap_children(cmd, &mut code);
+        if let Some(code) = code {
+            if !children_left && guard.cage.is_empty() {
+                let _ = report(&format!("exit {code}"));
+                std::process::exit(code);
+            }
+            if !told_left {
+                told_left = true;
+                let _ = report(&format!("left {code}"));
+            }
         }
-        match control.next_line(Some(deadline - now)) {
-            Some(line) => {
-                if let Ok(next) = line.trim().parse::<u64>() {
-                    deadline = deadline.max(next);
-                }
+        guard.check_parent();
+        if clock_nanos() >= deadline {
+            // Kill first and say nothing on stderr: it may be the very pipe that stalled the
+            // supervisor. The supervisor (if it ever runs again) hears `expired`.
+            guard.kill_everything();
+            let _ = report("expired");
+            std::process::exit(1);
+        }
+        while let Some(line) = guard.control.pop_line() {
+            if let Ok(next) = line.trim().parse::<u64>() {
+                deadline = deadline.max(next);
             }
-            None if control.closed => {
-                // The supervisor closed the pipe: keep enforcing the last deadline.
-                let wait = deadline.saturating_sub(monotonic_nanos());
-                std::thread::sleep(std::time::Duration::from_nanos(wait));
+        }
+        // With CMD gone but its cgroup not yet empty, look again shortly.
+        let recheck = code.map(|_| Duration::from_millis(100));
+        guard.poll(Some(deadline), recheck);
+    }
+}
+
+/// Reaps every exited child (CMD, or an orphan re-parented to us); records CMD's exit code.
+/// Returns whether any child is left.
+fn reap_children(cmd: i32, code: &mut Option<i32>) -> bool {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on any child, non-blocking.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid > 0 {
+            if pid == cmd {
+                *code = Some(exit_code(Ok(std::process::ExitStatus::from_raw(status))));
             }
-            None => {}
+            continue;
+        }
+        if pid == 0 {
+            return true;
+        }
+        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return false;
         }
     }
+}
+
+struct Guard {
+    cage: Cage,
+    supervisor: i32,
+    wake: OwnedFd,
+    timer: Option<OwnedFd>,
+    control: Control,
+}
+
+impl Guard {
+    /// If the supervisor is gone (killed, even by SIGKILL, or crashed), kills everything and
+    /// exits. A stray SIGUSR1 while it lives changes nothing.
+    fn check_parent(&mut self) {
+        // SAFETY: getppid has no preconditions.
+        if unsafe { libc::getppid() } != self.supervisor {
+            self.kill_everything();
+            // Nobody else will remove the cgroup now.
+            self.cage.remove();
+            std::process::exit(1);
+        }
+    }
+
+    /// SIGKILLs the cgroup and every descendant, again and again until nothing of them is left
+    /// alive (a descendant that forked meanwhile is found on the next round).
+    fn kill_everything(&mut self) {
+        let me = std::process::id() as i32;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            self.cage.kill();
+            let live = containment::signal_tree(me, libc::SIGKILL, None);
+            let mut ignored = None;
+            reap_children(-1, &mut ignored);
+            if live == 0 && self.cage.is_empty() {
+                return;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until a signal, a control message, the deadline (on `CLOCK_BOOTTIME`, through a
+    /// timerfd, so a suspend does not delay it) or `recheck` comes.
+    fn poll(&mut self, deadline: Option<u64>, recheck: Option<Duration>) {
+        let mut timeout_ms: i32 = recheck.map_or(-1, |r| r.as_millis() as i32);
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_sub(clock_nanos());
+            // Round up so we never wake just before the deadline and spin.
+            let left_ms = i32::try_from(left.div_ceil(1_000_000)).unwrap_or(i32::MAX);
+            timeout_ms = if timeout_ms < 0 {
+                left_ms
+            } else {
+                timeout_ms.min(left_ms)
+            };
+            if let Some(timer) = &self.timer {
+                arm(timer, deadline);
+            }
+        }
+        let mut fds = [
+            pollfd(self.wake.as_raw_fd()),
+            pollfd(self.timer.as_ref().map_or(-1, |t| t.as_raw_fd())),
+            pollfd(if self.control.closed { -1 } else { CONTROL_FD }),
+        ];
+        // SAFETY: poll on descriptors we own, in an array we own.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        drain(self.wake.as_raw_fd());
+        if let Some(timer) = &self.timer {
+            drain(timer.as_raw_fd());
+        }
+        self.control.fill();
+    }
+}
+
+fn pollfd(fd: i32) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// Reads a non-blocking descriptor until it is empty.
+fn drain(fd: i32) {
+    let mut chunk = [0u8; 64];
+    // SAFETY: read into a buffer we own.
+    while unsafe { libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len()) } > 0 {}
+}
+
+/// A timerfd on `CLOCK_BOOTTIME`, if the kernel has one.
+fn timerfd() -> Option<OwnedFd> {
+    // SAFETY: timerfd_create returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC)
+    };
+    // SAFETY: a descriptor just created and owned by nothing else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Arms `timer` to fire at `deadline` (absolute `CLOCK_BOOTTIME` nanoseconds).
+fn arm(timer: &OwnedFd, deadline: u64) {
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: (deadline / 1_000_000_000) as libc::time_t,
+            // A zero value would disarm the timer.
+            tv_nsec: ((deadline % 1_000_000_000).max(1)) as libc::c_long,
+        },
+    };
+    // SAFETY: timerfd_settime on our descriptor with a spec we own.
+    unsafe {
+        libc::timerfd_settime(
+            timer.as_raw_fd(),
+            libc::TFD_TIMER_ABSTIME,
+            &spec,
+            std::ptr::null_mut(),
+        );
+    }
+}
+
+/// Writes one report line to the status pipe.
+fn report(line: &str) -> std::io::Result<()> {
+    write_fd(STATUS_FD, format!("{line}\n").as_bytes())
+}
+
+/// Writes to stderr without panicking (it may be closed).
+fn writeln_stderr(line: &str) -> std::io::Result<()> {
+    write_fd(libc::STDERR_FILENO, format!("{line}\n").as_bytes())
+}
+
+fn write_fd(fd: i32, bytes: &[u8]) -> std::io::Result<()> {
+    // SAFETY: write from a buffer we own.
+    let written = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+    if written < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A process's exit as a shell reports it: its code, or 128 + the signal that killed it.
@@ -159,21 +379,33 @@ pub fn exit_code(status: std::io::Result<std::process::ExitStatus>) -> i32 {
     }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock both `baton run` and the guard measure
-/// deadlines on (it is what tokio's and std's `Instant` use on Linux).
-pub fn monotonic_nanos() -> u64 {
+/// `CLOCK_BOOTTIME` in nanoseconds: the clock the guard measures deadlines on. Unlike
+/// `CLOCK_MONOTONIC` it counts time the host spent suspended, so a host resumed after a suspend
+/// longer than the TTL finds the deadline passed at once.
+pub fn clock_nanos() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes into the timespec we own.
     unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now);
+        libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now);
     }
     (now.tv_sec as u64) * 1_000_000_000 + now.tv_nsec as u64
 }
 
-/// Lines from the control pipe, read without blocking past a timeout.
+/// A pipe whose both ends are close-on-exec, with `flags` (such as `O_NONBLOCK`) added.
+pub fn pipe(flags: libc::c_int) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array we own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | flags) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nothing else.
+    unsafe { Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
+}
+
+/// Lines from the (non-blocking) control pipe.
 #[derive(Default)]
 struct Control {
     buffer: Vec<u8>,
@@ -181,52 +413,39 @@ struct Control {
 }
 
 impl Control {
-    /// The next complete line; `None` on timeout or once the pipe is closed.
-    fn next_line(&mut self, timeout_nanos: Option<u64>) -> Option<String> {
-        loop {
-            if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buffer.drain(..=end).collect();
-                return Some(String::from_utf8_lossy(&line).into_owned());
-            }
-            if self.closed || self.buffer.len() > 4096 {
-                return None;
-            }
-            let mut poll = libc::pollfd {
-                fd: CONTROL_FD,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let timeout_ms = match timeout_nanos {
-                // Round up so we never wake just before the deadline and spin.
-                Some(nanos) => i32::try_from(nanos.div_ceil(1_000_000)).unwrap_or(i32::MAX),
-                None => -1,
-            };
-            // SAFETY: poll and read on our own descriptor and buffers.
-            let ready = unsafe { libc::poll(&mut poll, 1, timeout_ms) };
-            if ready == 0 {
-                return None;
-            }
-            if ready < 0 {
-                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                    // Let the caller recompute the time left rather than wait the full
-                    // timeout again (a signal must not push the deadline back).
-                    return None;
-                }
-                self.closed = true;
-                return None;
-            }
+    /// Reads whatever is available without blocking.
+    fn fill(&mut self) {
+        while !self.closed {
             let mut chunk = [0u8; 256];
+            // SAFETY: read into a buffer we own.
             let read = unsafe { libc::read(CONTROL_FD, chunk.as_mut_ptr().cast(), chunk.len()) };
             match read {
-                n if n > 0 => self.buffer.extend_from_slice(&chunk[..n as usize]),
-                n if n < 0
-                    && std::io::Error::last_os_error().kind()
-                        == std::io::ErrorKind::Interrupted => {}
+                n if n > 0 => {
+                    self.buffer.extend_from_slice(&chunk[..n as usize]);
+                    // Deadlines only matter as the latest one: a flood cannot grow memory.
+                    if self.buffer.len() > 64 * 1024 {
+                        let keep = self.buffer.len() - 4096;
+                        self.buffer.drain(..keep);
+                    }
+                }
+                0 => self.closed = true,
                 _ => {
-                    self.closed = true;
-                    return None;
+                    let kind = std::io::Error::last_os_error().kind();
+                    if kind != std::io::ErrorKind::Interrupted {
+                        if kind != std::io::ErrorKind::WouldBlock {
+                            self.closed = true;
+                        }
+                        return;
+                    }
                 }
             }
         }
+    }
+
+    /// The next complete line, if one has arrived.
+    fn pop_line(&mut self) -> Option<String> {
+        let end = self.buffer.iter().position(|&b| b == b'\n')?;
+        let line: Vec<u8> = self.buffer.drain(..=end).collect();
+        Some(String::from_utf8_lossy(&line).into_owned())
     }
 }

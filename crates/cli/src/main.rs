@@ -5,7 +5,9 @@
 //! was not given; 128+N after stopping on signal N; 1 for other runtime failures.
 
 mod bench;
+mod containment;
 mod guard;
+mod log;
 mod run;
 
 use std::ffi::OsString;
@@ -123,16 +125,25 @@ fn main() -> ExitCode {
                     first = format!("{first} {next}");
                 }
             }
-            eprintln!("baton: error: {first} (see baton --help)");
+            log::line(&format!("baton: error: {first} (see baton --help)"));
+            log::flush(EXIT_FLUSH);
             return ExitCode::from(EXIT_USAGE);
         }
     };
     if let Command::Guard { command } = &cli.command {
         guard::main(command);
     }
-    // The library reports retries and resynchronisations as warnings; show them on stderr.
+    // A panic must not unwind past the supervisor's clean-up into a half-dead process: abort,
+    // so the guard's parent-death signal fires and it kills the command's containment.
+    std::panic::set_hook(Box::new(|info| {
+        log::line(&format!("baton: internal error: {info}"));
+        log::flush(EXIT_FLUSH);
+        std::process::abort();
+    }));
+    // The library reports retries and resynchronisations as warnings; show them on stderr
+    // (through the non-blocking writer: a stalled stderr must never stall renewals).
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(log::Writer::default)
         .with_max_level(tracing::Level::WARN)
         .with_target(false)
         .init();
@@ -142,21 +153,27 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("baton: error: cannot start the runtime: {error}");
+            log::line(&format!("baton: error: cannot start the runtime: {error}"));
+            log::flush(EXIT_FLUSH);
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.command)) {
+    let code = match runtime.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => exit_code_for(&error),
-    }
+    };
+    log::flush(EXIT_FLUSH);
+    code
 }
+
+/// How long an exiting `baton` waits for its last notes to reach stderr.
+const EXIT_FLUSH: Duration = Duration::from_millis(200);
 
 fn exit_code_for(error: &anyhow::Error) -> ExitCode {
     if let Some(Exit(code)) = error.downcast_ref::<Exit>() {
         return ExitCode::from(*code);
     }
-    eprintln!("baton: error: {}", one_line(error));
+    log::line(&format!("baton: error: {}", one_line(error)));
     if error.downcast_ref::<UsageError>().is_some() || is_input_error(error) {
         ExitCode::from(EXIT_USAGE)
     } else {

@@ -1,10 +1,17 @@
 //! `baton run`: the supervisor.
 //!
-//! It campaigns; while leader it runs CMD (through the guard, in its own process group) with
-//! `BATON_ELECTION`, `BATON_ID` and `BATON_TOKEN`; when leadership ends it stops the group no
-//! later than the local deadline; when CMD exits it resigns and exits with CMD's code.
+//! It campaigns; while leader it runs CMD (through the guard, inside a containment CMD cannot
+//! leave: see [`crate::containment`]) with `BATON_ELECTION`, `BATON_ID` and `BATON_TOKEN`; when
+//! leadership ends it stops everything CMD started no later than the local deadline; when CMD
+//! and everything it started have exited it resigns and exits with CMD's code.
+//!
+//! The runtime thread never blocks on anything but the backend: notes go through
+//! [`crate::log`], the guard's control pipe is non-blocking (deadlines coalesce), and a guard
+//! that stops reading it is treated as failed.
 
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -16,8 +23,8 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
-use crate::{guard, open_election, Exit, EXIT_LOST};
-use std::os::fd::AsRawFd;
+use crate::containment::{self, Cage, Mode, CAGE_ENV};
+use crate::{guard, log, open_election, Exit, UsageError, EXIT_LOST};
 
 /// Flags of `baton run`.
 #[derive(Debug, Args)]
@@ -51,6 +58,9 @@ pub struct RunArgs {
     /// Extra time taken off the local deadline to cover stopping CMD.
     #[arg(long, default_value = "100ms", value_parser = duration)]
     safety_margin: Duration,
+    /// What holds CMD and everything it starts: auto picks the strongest the host allows.
+    #[arg(long, env = "BATON_CONTAINMENT", value_enum, default_value_t = Mode::Auto)]
+    containment: Mode,
     /// The command to run while leader.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -68,8 +78,16 @@ fn default_id() -> String {
 }
 
 fn note(election: &str, message: std::fmt::Arguments<'_>) {
-    eprintln!("baton: {election}: {message}");
+    log::line(&format!("baton: {election}: {message}"));
 }
+
+/// A guard that has not reported for this long while its control pipe holds unread data is
+/// stalled (stopped, or wedged): the command's containment is killed. The guard reads every
+/// message at once, so this is far beyond any scheduling delay.
+const GUARD_STALL: Duration = Duration::from_secs(1);
+
+/// The least time `kill_all` waits for a SIGKILLed containment to be gone.
+const MIN_KILL_WAIT: Duration = Duration::from_secs(1);
 
 /// Signals that matter to the supervisor.
 struct Signals {
@@ -94,11 +112,54 @@ impl Signals {
     }
 }
 
+/// Why a term of office ended other than by CMD's exit or a stop signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// The library reported the loss.
+    Leadership(LossReason),
+    /// The guard's dead-man switch fired: it heard of no newer deadline in time.
+    DeadMan,
+    /// The guard died (it was killed): containment can no longer be vouched for.
+    GuardDied(u8),
+    /// The guard stopped reading its control pipe (stopped or wedged).
+    GuardStalled,
+}
+
+impl Ending {
+    /// Whether a rival may already be acting, or containment is in doubt: no grace at all.
+    fn immediate(self) -> bool {
+        !matches!(
+            self,
+            Ending::Leadership(LossReason::LeaseExpired | LossReason::BackendFailed)
+        )
+    }
+}
+
+impl std::fmt::Display for Ending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ending::Leadership(reason) => write!(f, "{reason}"),
+            Ending::DeadMan => f.write_str("the guard's local deadline passed without renewal"),
+            Ending::GuardDied(code) => write!(f, "the command's guard died (status {code})"),
+            Ending::GuardStalled => f.write_str("the command's guard stopped responding"),
+        }
+    }
+}
+
 /// How a term of office ended.
 enum Outcome {
     ChildExited(u8),
-    Lost(LossReason),
+    Lost(Ending),
     Stopped(i32),
+}
+
+/// Removes the cgroup when `baton run` ends (the guard removes it instead if we are killed).
+struct CageGuard(Arc<Cage>);
+
+impl Drop for CageGuard {
+    fn drop(&mut self) {
+        self.0.remove();
+    }
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -117,11 +178,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut cont =
         signal(SignalKind::from_raw(libc::SIGCONT)).context("installing a SIGCONT handler")?;
     let (_backend, election) = open_election(&args.backend, &name, config).await?;
+    // Orphans of the guard (should it die) come to us, not to PID 1: we can still kill them.
+    containment::become_subreaper().context("becoming a child subreaper")?;
+    let cage = Cage::create(args.containment).map_err(|why| {
+        UsageError(format!(
+            "--containment {}: {why}",
+            clap::ValueEnum::to_possible_value(&args.containment)
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_default()
+        ))
+    })?;
+    let cage = Arc::new(cage);
+    let _cage_dir = CageGuard(cage.clone());
     let mut candidacy = election.candidacy(&id)?;
-    note(&name, format_args!("campaigning as {id:?}"));
+    note(
+        &name,
+        format_args!("campaigning as {id:?}; containment: {}", cage.describe()),
+    );
     loop {
         // Start the guard while campaigning, so that winning only costs starting CMD.
-        let standby = Standby::spawn(&args.command, &name, &id)?;
+        let standby = Standby::spawn(&args.command, &name, &id, &cage)?;
         let leadership = tokio::select! {
             leadership = candidacy.next() => leadership.context("campaigning")?,
             signal = signals.stop() => {
@@ -158,9 +234,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             &name,
             format_args!("elected with token {token}; command started"),
         );
-        match supervise(&mut child, &leadership, &mut signals, &mut cont).await {
+        match supervise(&mut child, &leadership, &mut signals, &mut cont, &name).await {
             Outcome::ChildExited(code) => {
-                // CMD is gone; its leftovers in the group (and the guard) die before we resign.
+                // CMD and everything it started are gone; the guard is reaped before we resign.
                 child.kill_all(args.grace).await;
                 // Resign the whole candidacy in one step (with --requeue, resigning only the
                 // term would campaign again).
@@ -186,21 +262,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 drop(leadership);
                 return Err(Exit(128 + signal as u8).into());
             }
-            Outcome::Lost(reason) => {
-                // A deleted key means a rival may win right now: no grace at all. Otherwise
-                // SIGTERM first, SIGKILL at the grace or the local deadline, whichever is first.
-                let immediate = reason == LossReason::KeyDeleted;
+            Outcome::Lost(ending) => {
                 // Stop first, log after: a blocked stderr must not delay the kill.
-                stop_child(&mut child, &leadership, args.grace, immediate).await;
+                stop_child(&mut child, &leadership, args.grace, ending.immediate()).await;
                 note(
                     &name,
-                    format_args!("leadership lost ({reason}); command stopped"),
+                    format_args!("leadership lost ({ending}); command stopped"),
                 );
                 drop(leadership);
                 if !args.requeue {
                     candidacy.resign().await;
                     return Err(Exit(EXIT_LOST).into());
                 }
+                // Dropping the term's leadership above ended it (a loss the library did not see
+                // itself, such as the guard's, steps down); the candidacy campaigns again.
                 note(&name, format_args!("campaigning again"));
             }
         }
@@ -212,9 +287,11 @@ async fn supervise(
     leadership: &Leadership,
     signals: &mut Signals,
     cont: &mut Signal,
+    election: &str,
 ) -> Outcome {
     // Renewals move the deadline every third of the TTL; passing it on within 50 ms keeps the
-    // guard's copy close behind (it is never later than ours).
+    // guard's copy close behind (it is never later than ours). The same tick notices a host
+    // resumed from suspend (the deadline is on `CLOCK_BOOTTIME`) and a stalled guard.
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
         tokio::select! {
@@ -223,101 +300,197 @@ async fn supervise(
             // first thing, before anything else gets to run.
             _ = cont.recv() => {
                 if !leadership.is_leading() {
-                    return Outcome::Lost(LossReason::LeaseExpired);
+                    return Outcome::Lost(Ending::Leadership(LossReason::LeaseExpired));
                 }
             }
-            reason = leadership.lost() => return Outcome::Lost(reason),
-            code = child.exited() => return Outcome::ChildExited(code),
-            _ = tick.tick() => child.extend_deadline(leadership.deadline()),
+            reason = leadership.lost() => return Outcome::Lost(Ending::Leadership(reason)),
+            event = child.event() => match event {
+                GuardEvent::Exited(code) => return Outcome::ChildExited(code),
+                GuardEvent::Left(code) => note(
+                    election,
+                    format_args!(
+                        "command exited with code {code} but processes it started still run; \
+                         the term lasts until they exit"
+                    ),
+                ),
+                GuardEvent::Expired => return Outcome::Lost(Ending::DeadMan),
+                GuardEvent::Died(code) => return Outcome::Lost(Ending::GuardDied(code)),
+            },
+            _ = tick.tick() => {
+                if !leadership.is_leading() {
+                    return Outcome::Lost(Ending::Leadership(LossReason::LeaseExpired));
+                }
+                child.extend_deadline(leadership.deadline());
+                if child.stalled() {
+                    return Outcome::Lost(Ending::GuardStalled);
+                }
+            }
             signal = signals.stop() => return Outcome::Stopped(signal),
         }
     }
 }
 
+/// What the guard reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GuardEvent {
+    /// CMD exited with this code and nothing it started is left.
+    Exited(u8),
+    /// CMD exited with this code; processes it started still run.
+    Left(u8),
+    /// The guard's dead-man switch killed everything.
+    Expired,
+    /// The guard died without a report, with this status.
+    Died(u8),
+}
+
 /// A guard started ahead of time, waiting for its token on the control pipe.
 struct Standby {
     child: Child,
-    control: std::fs::File,
+    control: OwnedFd,
     status: Option<pipe::Receiver>,
+    cage: Arc<Cage>,
 }
 
 /// The running guard and CMD.
 struct Running {
     child: Child,
-    /// The process group: the guard's pid.
-    group: Option<i32>,
-    /// The guard's control pipe: each new local deadline goes here (the guard kills the group
-    /// at the last one it heard of, should this process stall).
-    control: std::fs::File,
+    /// The guard's pid (also its process group).
+    guard: i32,
+    cage: Arc<Cage>,
+    /// The guard's control pipe (non-blocking): each new local deadline goes here.
+    control: OwnedFd,
     sent_deadline: Instant,
-    /// The guard reports CMD's exit code here as soon as CMD exits, before its own exit.
+    /// A deadline the pipe had no room for; only the latest matters.
+    pending: Option<u64>,
+    /// Since when the control pipe has held data the guard has not read.
+    unread_since: Option<Instant>,
+    /// The guard's reports.
     status: Option<pipe::Receiver>,
     buffer: Vec<u8>,
-    code: Option<u8>,
+    /// A final report (exit, expired, death), returned again on every later call.
+    last: Option<GuardEvent>,
 }
 
 impl Running {
-    /// CMD's exit code, as soon as it is known: from the guard's report, or else from the
-    /// guard's own exit. Cancel-safe.
-    async fn exited(&mut self) -> u8 {
-        if let Some(code) = self.code {
-            return code;
+    /// The guard's next report; a final one is returned again on every later call. Cancel-safe.
+    async fn event(&mut self) -> GuardEvent {
+        if let Some(event) = self.last {
+            return event;
         }
-        while let Some(status) = self.status.as_mut() {
-            let mut chunk = [0u8; 16];
+        loop {
+            if let Some(event) = self.parse_line() {
+                if !matches!(event, GuardEvent::Left(_)) {
+                    self.last = Some(event);
+                }
+                return event;
+            }
+            let Some(status) = self.status.as_mut() else {
+                break;
+            };
+            let mut chunk = [0u8; 64];
             match status.read(&mut chunk).await {
                 Ok(0) | Err(_) => self.status = None,
                 Ok(n) => {
                     self.buffer.extend_from_slice(&chunk[..n]);
-                    if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
-                        let code = std::str::from_utf8(&self.buffer[..end])
-                            .ok()
-                            .and_then(|text| text.parse().ok())
-                            .unwrap_or(1);
-                        self.code = Some(code);
-                        return code;
-                    }
-                    if self.buffer.len() > 64 {
+                    if self.buffer.len() > 1024 {
                         self.status = None;
                     }
                 }
             }
         }
+        // The pipe closed without a final report: the guard died.
         let code = guard::exit_code(self.child.wait().await) as u8;
-        self.code = Some(code);
-        code
+        let event = GuardEvent::Died(code);
+        self.last = Some(event);
+        event
     }
 
-    fn signal(&self, signal: libc::c_int) {
-        kill_group(self.group, signal);
+    /// Resolves once the guard reports an end (`left` is not one: its leftovers still run).
+    async fn all_exited(&mut self) {
+        while let GuardEvent::Left(_) = self.event().await {}
     }
 
-    /// Tells the guard about a later local deadline.
-    fn extend_deadline(&mut self, deadline: Option<Instant>) {
-        use std::io::Write;
-        if let Some(deadline) = deadline.filter(|&d| d > self.sent_deadline) {
-            // A full pipe cannot happen (the guard reads continuously); if the guard is gone,
-            // the command is too, and the status pipe says so.
-            let _ = writeln!(self.control, "{}", monotonic_deadline(deadline));
-            self.sent_deadline = deadline;
+    fn parse_line(&mut self) -> Option<GuardEvent> {
+        let end = self.buffer.iter().position(|&b| b == b'\n')?;
+        let line: Vec<u8> = self.buffer.drain(..=end).collect();
+        let line = String::from_utf8_lossy(&line);
+        let mut words = line.split_whitespace();
+        let code = |word: Option<&str>| word.and_then(|w| w.parse::<i32>().ok()).unwrap_or(1) as u8;
+        match words.next() {
+            Some("exit") => Some(GuardEvent::Exited(code(words.next()))),
+            Some("left") => Some(GuardEvent::Left(code(words.next()))),
+            Some("expired") => Some(GuardEvent::Expired),
+            _ => None,
         }
     }
 
-    /// SIGKILLs the whole group and waits until nothing in it can run any more: the guard
-    /// reaped, and no other member alive (zombies aside). A member stuck in uninterruptible
+    /// Sends `signal` to every process of the containment except the guard (which ignores
+    /// stop signals): the cgroup's members and every descendant, including orphans that were
+    /// re-parented to us.
+    fn signal(&self, signal: libc::c_int) {
+        self.cage.signal_members(signal);
+        containment::signal_tree(std::process::id() as i32, signal, Some(self.guard));
+    }
+
+    /// Tells the guard about a later local deadline, without ever blocking: if the pipe is
+    /// full the newest deadline waits for the next call.
+    fn extend_deadline(&mut self, deadline: Option<Instant>) {
+        if let Some(deadline) = deadline.filter(|&d| d > self.sent_deadline) {
+            self.pending = Some(guard_clock(deadline));
+            self.sent_deadline = deadline;
+        }
+        if let Some(nanos) = self.pending {
+            let line = format!("{nanos}\n");
+            // SAFETY: write from a buffer we own to our non-blocking descriptor. Lines are far
+            // below PIPE_BUF, so a write is all or nothing.
+            let written =
+                unsafe { libc::write(self.control.as_raw_fd(), line.as_ptr().cast(), line.len()) };
+            if written == line.len() as isize {
+                self.pending = None;
+            }
+        }
+    }
+
+    /// Whether the guard has left data unread on its control pipe for longer than
+    /// [`GUARD_STALL`].
+    fn stalled(&mut self) -> bool {
+        let mut unread: libc::c_int = 0;
+        // SAFETY: FIONREAD writes an int we own; on a pipe it counts unread bytes.
+        unsafe { libc::ioctl(self.control.as_raw_fd(), libc::FIONREAD, &mut unread) };
+        if unread <= 0 && self.pending.is_none() {
+            self.unread_since = None;
+            return false;
+        }
+        let since = *self.unread_since.get_or_insert_with(Instant::now);
+        since.elapsed() > GUARD_STALL
+    }
+
+    /// SIGKILLs the whole containment and waits until nothing of it can run any more: the
+    /// guard reaped, no live descendant, the cgroup empty. A process stuck in uninterruptible
     /// I/O (say, on NFS) may still complete a write it had started, so resigning waits for it,
     /// up to `limit`, after which we resign anyway rather than block the election forever.
     async fn kill_all(&mut self, limit: Duration) {
-        self.signal(libc::SIGKILL);
-        let _ = self.child.wait().await;
+        let me = std::process::id() as i32;
         // Even with --grace 0, give a killed process a moment to finish dying.
         let give_up = Instant::now() + limit.max(MIN_KILL_WAIT);
-        while group_has_live_members(self.group) {
+        loop {
+            self.cage.kill();
+            let live = containment::signal_tree(me, libc::SIGKILL, None);
+            // Orphans re-parented to us are ours to reap; the guard is tokio's.
+            let orphans = containment::descendants(me)
+                .into_iter()
+                .filter(|p| p.parent == me && !p.live && p.pid != self.guard)
+                .map(|p| p.pid);
+            containment::reap(orphans);
+            let guard_gone = matches!(self.child.try_wait(), Ok(Some(_)));
+            if live == 0 && guard_gone && self.cage.is_empty() {
+                return;
+            }
             if Instant::now() >= give_up {
-                eprintln!(
-                    "baton: warning: processes of the command's group survived SIGKILL for {}; resigning anyway",
+                log::line(&format!(
+                    "baton: warning: processes of the command survived SIGKILL for {}; resigning anyway",
                     baton::format_duration(limit.max(MIN_KILL_WAIT))
-                );
+                ));
                 return;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -325,76 +498,31 @@ impl Running {
     }
 }
 
-/// The least time `kill_all` waits for a SIGKILLed group to be gone.
-const MIN_KILL_WAIT: Duration = Duration::from_secs(1);
-
-/// Whether any process of `group`, other than zombies, is still there.
-fn group_has_live_members(group: Option<i32>) -> bool {
-    let Some(group) = group.filter(|&g| g > 0) else {
-        return false;
-    };
-    // SAFETY: kill with signal 0 only checks for existence.
-    if unsafe { libc::kill(-group, 0) } != 0 {
-        return false;
+impl Drop for Running {
+    /// However this value goes away (an early return, a panic that unwinds), nothing of the
+    /// command outlives it.
+    fn drop(&mut self) {
+        self.cage.kill();
+        containment::signal_tree(std::process::id() as i32, libc::SIGKILL, None);
     }
-    // Something (perhaps only zombies) remains: look closer.
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            return false;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        let Some((_, after)) = stat.rsplit_once(')') else {
-            return false;
-        };
-        let mut fields = after.split_whitespace();
-        let state = fields.next().unwrap_or("");
-        let group_of = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
-        if group_of != Some(group) {
-            return false;
-        }
-        // A zombie leader thread can hide a live thread (say, one in an NFS write): the
-        // process counts as gone only when every thread is.
-        is_live_state(state) || any_live_thread(pid)
-    })
-}
-
-fn is_live_state(state: &str) -> bool {
-    state != "Z" && state != "X"
-}
-
-fn any_live_thread(pid: u32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    tasks.flatten().any(|task| {
-        std::fs::read_to_string(task.path().join("stat"))
-            .ok()
-            .and_then(|stat| {
-                let (_, after) = stat.rsplit_once(')')?;
-                after.split_whitespace().next().map(is_live_state)
-            })
-            .unwrap_or(false)
-    })
 }
 
 impl Standby {
     /// Starts the guard for `command`; it waits until [`Standby::start`].
-    fn spawn(command: &[OsString], election: &str, id: &str) -> anyhow::Result<Standby> {
+    fn spawn(
+        command: &[OsString],
+        election: &str,
+        id: &str,
+        cage: &Arc<Cage>,
+    ) -> anyhow::Result<Standby> {
         let me = std::env::current_exe().context("finding the baton executable")?;
-        let (read_end, write_end) = pipe(0).context("creating the guard's control pipe")?;
+        // Non-blocking: a guard that stops reading must never block this thread.
+        let (read_end, write_end) =
+            guard::pipe(libc::O_NONBLOCK).context("creating the guard's control pipe")?;
         let read_fd = read_end.as_raw_fd();
-        // Non-blocking for tokio's reader; the guard's one short write never blocks either.
+        // Non-blocking for tokio's reader; the guard's short writes never block either.
         let (status_read, status_write) =
-            pipe(libc::O_NONBLOCK).context("creating the guard's status pipe")?;
+            guard::pipe(libc::O_NONBLOCK).context("creating the guard's status pipe")?;
         let status_fd = status_write.as_raw_fd();
         let mut guard = Command::new(me);
         guard
@@ -404,6 +532,7 @@ impl Standby {
             .env("BATON_ELECTION", election)
             .env("BATON_ID", id)
             .env("BATON_SUPERVISOR_PID", std::process::id().to_string())
+            .env(CAGE_ENV, cage.to_env())
             .process_group(0)
             .kill_on_drop(true);
         // SAFETY: between fork and exec we only call dup2, which is async-signal-safe. dup2
@@ -425,35 +554,43 @@ impl Standby {
         let status = pipe::Receiver::from_owned_fd(status_read).ok();
         Ok(Standby {
             child,
-            control: std::fs::File::from(write_end),
+            control: write_end,
             status,
+            cage: cage.clone(),
         })
     }
 
     /// Hands the guard its token and the local deadline: it starts CMD at once.
-    fn start(mut self, token: u64, deadline: Instant) -> anyhow::Result<Running> {
-        use std::io::Write;
-        let deadline_nanos = monotonic_deadline(deadline);
-        writeln!(self.control, "{token} {deadline_nanos}")
-            .context("starting the command (its guard is gone)")?;
-        let group = self.child.id().map(|pid| pid as i32);
+    fn start(self, token: u64, deadline: Instant) -> anyhow::Result<Running> {
+        let line = format!("{token} {}\n", guard_clock(deadline));
+        // SAFETY: write from a buffer we own; the pipe is new and empty, so it has room.
+        let written =
+            unsafe { libc::write(self.control.as_raw_fd(), line.as_ptr().cast(), line.len()) };
+        if written != line.len() as isize {
+            return Err(std::io::Error::last_os_error())
+                .context("starting the command (its guard is gone)");
+        }
+        let guard = self.child.id().map_or(-1, |pid| pid as i32);
         Ok(Running {
             child: self.child,
-            group,
+            guard,
+            cage: self.cage,
             control: self.control,
             sent_deadline: deadline,
+            pending: None,
+            unread_since: None,
             status: self.status,
             buffer: Vec::new(),
-            code: None,
+            last: None,
         })
     }
 }
 
-/// A tokio deadline as `CLOCK_MONOTONIC` nanoseconds, the guard's clock.
-fn monotonic_deadline(deadline: Instant) -> u64 {
+/// A tokio deadline as `CLOCK_BOOTTIME` nanoseconds, the guard's clock.
+fn guard_clock(deadline: Instant) -> u64 {
     // Read the guard's clock first: time passing between the two reads then moves the result
     // earlier (safe), never later.
-    let nanos = guard::monotonic_nanos();
+    let nanos = guard::clock_nanos();
     let now = Instant::now();
     if deadline > now {
         nanos.saturating_add(u64::try_from((deadline - now).as_nanos()).unwrap_or(u64::MAX))
@@ -462,35 +599,9 @@ fn monotonic_deadline(deadline: Instant) -> u64 {
     }
 }
 
-/// A pipe whose both ends are close-on-exec, with `flags` (such as `O_NONBLOCK`) added.
-fn pipe(flags: libc::c_int) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
-    use std::os::fd::FromRawFd;
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two descriptors into the array we own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | flags) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just created and are owned by nothing else.
-    unsafe {
-        Ok((
-            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
-            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
-        ))
-    }
-}
-
-fn kill_group(group: Option<i32>, signal: libc::c_int) {
-    if let Some(group) = group.filter(|&g| g > 0) {
-        // SAFETY: kill has no memory-safety preconditions; a negative pid names a group.
-        unsafe {
-            libc::kill(-group, signal);
-        }
-    }
-}
-
-/// Stops the child's whole group: SIGKILL at once when `immediate`, else SIGTERM and SIGKILL at
-/// the grace or the local deadline, whichever comes first. Returns once nothing in the group can
-/// act any more (see [`Running::kill_all`]).
+/// Stops the whole containment: SIGKILL at once when `immediate`, else SIGTERM to every
+/// process of it and SIGKILL at the grace or the local deadline, whichever comes first. Returns
+/// once nothing of it can act any more (see [`Running::kill_all`]).
 async fn stop_child(
     child: &mut Running,
     leadership: &Leadership,
@@ -507,20 +618,19 @@ async fn stop_child(
     if kill_at > now {
         child.signal(libc::SIGTERM);
         tokio::select! {
-            _ = child.exited() => {}
+            _ = child.all_exited() => {}
             _ = tokio::time::sleep_until(kill_at) => {}
             _ = leadership.lost(), if !immediate => {
                 // Lost while stopping: kill at once if the deadline itself has passed.
-                if !leadership.is_leading() {
-                    child.signal(libc::SIGKILL);
-                }
-                tokio::select! {
-                    _ = child.exited() => {}
-                    _ = tokio::time::sleep_until(kill_at) => {}
+                if leadership.is_leading() {
+                    tokio::select! {
+                        _ = child.all_exited() => {}
+                        _ = tokio::time::sleep_until(kill_at) => {}
+                    }
                 }
             }
         }
     }
-    // Whatever is left of the group, CMD's children and the guard included, dies now.
+    // Whatever is left, CMD's descendants and the guard included, dies now.
     child.kill_all(grace).await;
 }

@@ -355,19 +355,23 @@ fn a_stalled_supervisor_cannot_keep_its_command_running() {
     assert_eq!(status.code(), Some(3), "{}", a.stderr());
 }
 
+/// The term lasts while anything the command started still runs (a worker it left behind):
+/// `baton run` says so, resigns only once the worker is gone, and exits with the command's code.
 #[test]
-fn what_the_command_leaves_running_dies_with_it() {
+fn the_term_lasts_while_what_the_command_left_running_lives() {
     let dir = scratch("leftover");
     let election = unique("leftover");
     let pid_file = dir.join("worker");
-    let script = format!("sleep 1000 & echo $! > {}; exit 0", pid_file.display());
-    let status = run_script(&election, &[], &script)
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
+    let script = format!("sleep 1 & echo $! > {}; exit 7", pid_file.display());
+    let started = Instant::now();
+    let output = run_script(&election, &[], &script).output().unwrap();
+    assert_eq!(output.status.code(), Some(7));
+    assert!(started.elapsed() >= Duration::from_secs(1));
     let worker = read_number(&pid_file).unwrap();
-    wait_for("worker gone", Duration::from_secs(1), || {
-        (!alive(worker)).then_some(())
-    });
+    assert!(!alive(worker));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("processes it started still run"),
+        "{stderr}"
+    );
 }

@@ -91,6 +91,27 @@ pub fn delete_election_keys(election: &str) {
     assert!(status.success());
 }
 
+/// Deletes only the leader's key of `election` (the lowest create revision), as an operator
+/// with etcdctl would: the leader loses, the waiters stay queued.
+pub fn delete_leader_key(election: &str) {
+    let output = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd(), "get", "--prefix", "--keys-only"])
+        .args(["--sort-by=CREATE", "--order=ASCEND", "--limit=1"])
+        .arg(format!("/baton-cli-test/{election}/"))
+        .output()
+        .expect("etcdctl (from etcd-client) must be installed; scripts/test installs it");
+    let key = String::from_utf8(output.stdout).unwrap();
+    let key = key.lines().next().expect("the election has a leader key");
+    let status = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd(), "del", key])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
 /// `baton run --backend URL --election ELECTION --ttl 2s EXTRA.. -- sh -c SCRIPT`.
 pub fn run_script(election: &str, extra: &[&str], script: &str) -> Command {
     let mut command = baton();

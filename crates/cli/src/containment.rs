@@ -1,0 +1,469 @@
+//! Containment: every process a command starts, held in something the command cannot leave.
+//!
+//! A process group is not enough: `timeout`, `setsid -f`, job control and daemons leave it. So
+//! `baton run` holds the command in the strongest thing the host allows:
+//!
+//! - **cgroup v2**: a cgroup of its own that the command joins before `exec`. No process can
+//!   leave a cgroup without write access to another one, and `cgroup.kill` SIGKILLs every member
+//!   atomically, including one that is forking at that moment.
+//! - **cgroup v1 freezer**: the same cgroup, killed by freezing it (nothing in it can fork or
+//!   run), SIGKILLing every member and thawing it.
+//! - **subreaper** (everywhere, and the only mechanism where no cgroup can be created): the guard
+//!   and the supervisor are child subreapers (`PR_SET_CHILD_SUBREAPER`), so a process that
+//!   double-forks or daemonizes is re-parented to them instead of to PID 1 and stays in their
+//!   process tree. Killing walks that tree and repeats until a walk finds nothing alive, so a
+//!   descendant forking while it is killed is found on the next walk.
+//!
+//! Signals to a process found by a walk go through a pidfd opened and checked against the
+//! process's start time, so a PID reused by an unrelated process is never signalled.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+/// What `--containment` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// The strongest available: cgroup v2, else cgroup v1 freezer, else subreaper.
+    Auto,
+    /// A cgroup v2 (`cgroup.kill`); fail if none can be created.
+    Cgroup,
+    /// A cgroup v1 freezer cgroup; fail if none can be created.
+    Freezer,
+    /// The process tree under child subreapers only.
+    Subreaper,
+}
+
+/// The mechanism in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// cgroup v2 with `cgroup.kill`.
+    CgroupV2,
+    /// cgroup v1 freezer.
+    Freezer,
+    /// Process tree under subreapers.
+    Subreaper,
+}
+
+impl Kind {
+    fn tag(self) -> &'static str {
+        match self {
+            Kind::CgroupV2 => "cgroup2",
+            Kind::Freezer => "freezer",
+            Kind::Subreaper => "subreaper",
+        }
+    }
+}
+
+/// The containment of one `baton run`: a cgroup (if any) plus the process tree.
+#[derive(Debug)]
+pub struct Cage {
+    kind: Kind,
+    /// The cgroup directory, for the cgroup kinds.
+    dir: Option<PathBuf>,
+    /// `dir/cgroup.procs` as a C string, prepared ahead so that joining after `fork` only
+    /// makes async-signal-safe calls.
+    procs: Option<CString>,
+    /// Whether this process created the directory (and so removes it).
+    owned: bool,
+    /// Why no stronger mechanism was used, when `auto` fell back to the subreaper.
+    fallback: Option<String>,
+}
+
+/// The environment variable that hands the cage to the guard: `KIND` or `KIND:DIR`.
+pub const CAGE_ENV: &str = "BATON_CAGE";
+
+impl Cage {
+    /// Creates the containment `mode` asks for. `Err` says why a requested mechanism is not
+    /// available here.
+    pub fn create(mode: Mode) -> Result<Cage, String> {
+        let name = format!("baton-{}", std::process::id());
+        let attempts: &[Kind] = match mode {
+            Mode::Auto => &[Kind::CgroupV2, Kind::Freezer, Kind::Subreaper],
+            Mode::Cgroup => &[Kind::CgroupV2],
+            Mode::Freezer => &[Kind::Freezer],
+            Mode::Subreaper => &[Kind::Subreaper],
+        };
+        let mut why = String::new();
+        for &kind in attempts {
+            let dir = match kind {
+                Kind::Subreaper => {
+                    let mut cage = Cage::subreaper();
+                    cage.fallback = (!why.is_empty()).then_some(why);
+                    return Ok(cage);
+                }
+                Kind::CgroupV2 => create_cgroup(&name, "cgroup2", None, "cgroup.kill"),
+                Kind::Freezer => create_cgroup(&name, "cgroup", Some("freezer"), "freezer.state"),
+            };
+            match dir {
+                Ok(dir) => return Ok(Cage::at(kind, dir, true)),
+                Err(error) => why = error,
+            }
+        }
+        Err(why)
+    }
+
+    fn subreaper() -> Cage {
+        Cage {
+            kind: Kind::Subreaper,
+            dir: None,
+            procs: None,
+            owned: false,
+            fallback: None,
+        }
+    }
+
+    fn at(kind: Kind, dir: PathBuf, owned: bool) -> Cage {
+        let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).ok();
+        Cage {
+            kind,
+            dir: Some(dir),
+            procs,
+            owned,
+            fallback: None,
+        }
+    }
+
+    /// The value of [`CAGE_ENV`] that describes this cage to the guard.
+    pub fn to_env(&self) -> String {
+        match &self.dir {
+            Some(dir) => format!("{}:{}", self.kind.tag(), dir.display()),
+            None => self.kind.tag().to_string(),
+        }
+    }
+
+    /// The cage described by [`CAGE_ENV`]; the guard removes its directory when it cleans up
+    /// after the supervisor's death.
+    pub fn from_env(value: &str) -> Cage {
+        let (tag, dir) = value.split_once(':').unwrap_or((value, ""));
+        match tag {
+            "cgroup2" if !dir.is_empty() => Cage::at(Kind::CgroupV2, dir.into(), true),
+            "freezer" if !dir.is_empty() => Cage::at(Kind::Freezer, dir.into(), true),
+            _ => Cage::subreaper(),
+        }
+    }
+
+    /// One line for the user: what holds the command.
+    pub fn describe(&self) -> String {
+        match (&self.kind, &self.dir) {
+            (Kind::CgroupV2, Some(dir)) => format!("cgroup v2 {}", dir.display()),
+            (Kind::Freezer, Some(dir)) => format!("cgroup v1 freezer {}", dir.display()),
+            _ => match &self.fallback {
+                Some(why) => format!("process tree under child subreapers (no cgroup: {why})"),
+                None => "process tree under child subreapers".to_string(),
+            },
+        }
+    }
+
+    /// A closure for `pre_exec` that moves the new process into the cgroup (a no-op for the
+    /// subreaper kind). It only makes async-signal-safe calls, as `pre_exec` requires.
+    pub fn joiner(&self) -> impl FnMut() -> std::io::Result<()> + Send + Sync + 'static {
+        let procs = self.procs.clone();
+        move || match &procs {
+            Some(procs) => join(procs),
+            None => Ok(()),
+        }
+    }
+
+    /// The processes in the cgroup (empty for the subreaper kind).
+    pub fn members(&self) -> Vec<i32> {
+        let Some(dir) = &self.dir else {
+            return Vec::new();
+        };
+        std::fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.trim().parse().ok())
+            .collect()
+    }
+
+    /// Whether the cgroup holds no process (always true for the subreaper kind).
+    pub fn is_empty(&self) -> bool {
+        self.members().is_empty()
+    }
+
+    /// Sends `signal` to every member of the cgroup.
+    pub fn signal_members(&self, signal: libc::c_int) {
+        for pid in self.members() {
+            if let Some(process) = process(pid) {
+                send(&process, signal);
+            }
+        }
+    }
+
+    /// SIGKILLs every member of the cgroup, in a way a forking member cannot race.
+    pub fn kill(&self) {
+        let Some(dir) = &self.dir else { return };
+        match self.kind {
+            Kind::CgroupV2 => {
+                let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+            }
+            Kind::Freezer => {
+                let state = dir.join("freezer.state");
+                let _ = std::fs::write(&state, "FROZEN");
+                // Freezing completes asynchronously; a frozen member can no longer fork.
+                for _ in 0..1000 {
+                    let now = std::fs::read_to_string(&state).unwrap_or_default();
+                    if now.trim() != "FREEZING" {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                self.signal_members(libc::SIGKILL);
+                let _ = std::fs::write(&state, "THAWED");
+            }
+            Kind::Subreaper => {}
+        }
+    }
+
+    /// Removes the cgroup directory (once it is empty), if this process created it.
+    pub fn remove(&self) {
+        if let (true, Some(dir)) = (self.owned, &self.dir) {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Writes "0" (the writing process) to the cgroup.procs file at `procs`: joins that cgroup.
+fn join(procs: &CString) -> std::io::Result<()> {
+    // SAFETY: open, write and close on a path and buffer we own; all async-signal-safe.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+        let error = std::io::Error::last_os_error();
+        libc::close(fd);
+        if written != 1 {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+/// Creates `NAME` under this process's own cgroup in the hierarchy mounted with `fstype`
+/// (and, for v1, the `controller`), and checks that `probe` exists in it.
+fn create_cgroup(
+    name: &str,
+    fstype: &str,
+    controller: Option<&str>,
+    probe: &str,
+) -> Result<PathBuf, String> {
+    let what = match controller {
+        Some(controller) => format!("cgroup v1 {controller}"),
+        None => "cgroup v2".to_string(),
+    };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|error| format!("{what}: cannot read /proc/self/mountinfo: {error}"))?;
+    let mount = mountinfo
+        .lines()
+        .find_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mount_point = left.split_whitespace().nth(4)?;
+            let mut right = right.split_whitespace();
+            let found_type = right.next()?;
+            let options = right.nth(1).unwrap_or("");
+            let has_controller =
+                controller.is_none_or(|c| options.split(',').any(|option| option == c));
+            (found_type == fstype && has_controller).then(|| PathBuf::from(mount_point))
+        })
+        .ok_or_else(|| format!("{what} is not mounted"))?;
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|error| format!("{what}: cannot read /proc/self/cgroup: {error}"))?;
+    let own_path = own
+        .lines()
+        .find_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let (id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+            let matches = match controller {
+                None => id == "0" && controllers.is_empty(),
+                Some(c) => controllers.split(',').any(|found| found == c),
+            };
+            matches.then(|| path.to_string())
+        })
+        .ok_or_else(|| format!("{what}: this process is in no such cgroup"))?;
+    let dir = mount.join(own_path.trim_start_matches('/')).join(name);
+    std::fs::create_dir(&dir)
+        .map_err(|error| format!("{what}: cannot create {}: {error}", dir.display()))?;
+    if !dir.join(probe).exists() {
+        let _ = std::fs::remove_dir(&dir);
+        return Err(format!("{what}: {probe} is not supported by this kernel"));
+    }
+    Ok(dir)
+}
+
+/// Makes this process a child subreaper: orphaned descendants are re-parented to it.
+pub fn become_subreaper() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// One process as `/proc/PID/stat` describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Process {
+    /// Its PID.
+    pub pid: i32,
+    /// Its parent's PID.
+    pub parent: i32,
+    /// Not a zombie: it can still run (or is in uninterruptible sleep).
+    pub live: bool,
+    /// Start time in clock ticks since boot: with the PID, an identity that is never reused.
+    start: u64,
+}
+
+fn process(pid: i32) -> Option<Process> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // After the command: state(0) ppid(1) ... starttime is field 22 of the line, 19 here.
+    let state = *fields.first()?;
+    let parent = fields.get(1)?.parse().ok()?;
+    let start = fields.get(19)?.parse().ok()?;
+    let live = (state != "Z" && state != "X") || any_live_thread(pid);
+    Some(Process {
+        pid,
+        parent,
+        live,
+        start,
+    })
+}
+
+/// A zombie leader thread can hide a live thread (one in an NFS write, say): the process
+/// counts as gone only when every thread is.
+fn any_live_thread(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                let (_, after) = stat.rsplit_once(')')?;
+                let state = after.split_whitespace().next()?;
+                Some(state != "Z" && state != "X")
+            })
+            .unwrap_or(false)
+    })
+}
+
+/// Every process on the host.
+fn all_processes() -> Vec<Process> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(process)
+        .collect()
+}
+
+/// Every descendant of `root` (not `root` itself), zombies included.
+pub fn descendants(root: i32) -> Vec<Process> {
+    let all = all_processes();
+    let mut found: Vec<Process> = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for child in all.iter().filter(|p| p.parent == parent) {
+            if child.pid != root && !found.iter().any(|f| f.pid == child.pid) {
+                found.push(*child);
+                frontier.push(child.pid);
+            }
+        }
+    }
+    found
+}
+
+/// Sends `signal` to every live descendant of `root` except `skip`; returns how many there were.
+pub fn signal_tree(root: i32, signal: libc::c_int, skip: Option<i32>) -> usize {
+    let live: Vec<Process> = descendants(root)
+        .into_iter()
+        .filter(|p| p.live && Some(p.pid) != skip)
+        .collect();
+    for process in &live {
+        send(process, signal);
+    }
+    live.len()
+}
+
+/// Sends `signal` to exactly the process `target` describes: through a pidfd checked against
+/// its start time, so a PID reused since the walk is left alone.
+fn send(target: &Process, signal: libc::c_int) {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor we close below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, target.pid, 0) } as i32;
+    if fd < 0 {
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+            // Kernels before 5.3: a plain kill, after the same identity check.
+            if process(target.pid).is_some_and(|now| now.start == target.start) {
+                // SAFETY: kill has no memory-safety preconditions.
+                unsafe { libc::kill(target.pid, signal) };
+            }
+        }
+        return;
+    }
+    // With the pidfd open, the PID cannot be reused; check it is still the process we saw.
+    if process(target.pid).is_some_and(|now| now.start == target.start) {
+        // SAFETY: pidfd_send_signal on the descriptor we own, with no siginfo.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd,
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            );
+        }
+    }
+    // SAFETY: closing the descriptor we opened.
+    unsafe { libc::close(fd) };
+}
+
+/// Reaps every exited child of this process whose PID is in `pids` (orphans re-parented to
+/// us), without blocking and without touching other children.
+pub fn reap(pids: impl IntoIterator<Item = i32>) {
+    for pid in pids {
+        let mut status = 0;
+        // SAFETY: waitpid on a specific child, non-blocking.
+        unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_round_trip() {
+        let cage = Cage::at(Kind::CgroupV2, "/sys/fs/cgroup/x/baton-1".into(), false);
+        let back = Cage::from_env(&cage.to_env());
+        assert_eq!(back.kind, Kind::CgroupV2);
+        assert_eq!(back.dir, cage.dir);
+        assert_eq!(Cage::from_env("subreaper").kind, Kind::Subreaper);
+        assert_eq!(Cage::from_env("garbage").kind, Kind::Subreaper);
+    }
+
+    #[test]
+    fn descendants_of_this_process_include_a_grandchild() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let grandchild: i32 = line.trim().parse().unwrap();
+        let me = std::process::id() as i32;
+        let found = descendants(me);
+        assert!(found.iter().any(|p| p.pid == child.id() as i32));
+        assert!(found.iter().any(|p| p.pid == grandchild && p.live));
+        signal_tree(child.id() as i32, libc::SIGKILL, None);
+        child.wait().unwrap();
+    }
+}

@@ -1,0 +1,408 @@
+//! Containment with real processes against a real etcd: commands that leave their process
+//! group (`timeout`), start a new session and exit at once (`setsid -f`), use job control, or
+//! double-fork, under every way a term ends (SIGTERM, kill -9 of `baton run`, kill -9 of the
+//! guard, a lost lease, the command's own exit). Nothing of the command may be alive one second
+//! later, and the successor's command must not start while any of it lives.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// How the command gets its long-lived process out of reach of a process-group kill. Every
+/// process of the command appends its pid to `PIDS`; `LIFE` is how long the leftovers live.
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    /// GNU timeout puts itself (and its child) into a new process group.
+    Timeout,
+    /// `setsid -f` starts a new session; the process baton started exits at once.
+    SetsidFork,
+    /// Job control puts a background job into its own process group.
+    JobControl,
+    /// fork, setsid, fork: the daemon's parent exits, so it is re-parented.
+    DoubleFork,
+}
+
+impl Shape {
+    fn script(self, pids: &Path, life: u32) -> String {
+        let p = pids.display();
+        match self {
+            Shape::Timeout => format!(
+                "echo $$ >> {p}; timeout 600 sh -c 'echo $PPID >> {p}; echo $$ >> {p}; exec sleep {life}'"
+            ),
+            Shape::SetsidFork => {
+                format!("echo $$ >> {p}; setsid -f sh -c 'echo $$ >> {p}; exec sleep {life}'")
+            }
+            Shape::JobControl => format!(
+                "echo $$ >> {p}; set -m; sh -c 'echo $$ >> {p}; exec sleep {life}' & wait"
+            ),
+            Shape::DoubleFork => format!(
+                "echo $$ >> {p}; ( setsid sh -c 'sh -c \"echo \\$\\$ >> {p}; exec sleep {life}\" & echo $$ >> {p}' & ); sleep {life}"
+            ),
+        }
+    }
+
+    /// How many pids the command records once all of it is running.
+    fn processes(self) -> usize {
+        match self {
+            Shape::Timeout => 3,
+            Shape::SetsidFork | Shape::JobControl => 2,
+            Shape::DoubleFork => 3,
+        }
+    }
+}
+
+/// How the term ends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ending {
+    Sigterm,
+    KillSupervisor,
+    KillGuard,
+    LeaseLost,
+    OwnExit,
+}
+
+fn pids_in(path: &Path) -> Vec<u64> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// `baton run` of `script` with stderr to `dir/NAME.stderr`.
+fn start(election: &str, dir: &Path, name: &str, extra: &[&str], script: &str) -> Child {
+    let stderr = std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap();
+    run_script(
+        election,
+        &[&["--id", name, "--grace", "1s"], extra].concat(),
+        script,
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(stderr)
+    .spawn()
+    .unwrap()
+}
+
+/// The successor's script: it records, the moment it starts, whether any of `pids` is alive.
+fn successor_script(dir: &Path, pids: &Path) -> String {
+    format!(
+        "for p in $(cat {pids}); do s=$(cut -d' ' -f3 /proc/$p/stat 2>/dev/null); \
+         if [ -n \"$s\" ] && [ \"$s\" != Z ]; then echo $p >> {d}/overlap; fi; done; \
+         echo $BATON_TOKEN > {d}/b.token; exec sleep 600",
+        pids = pids.display(),
+        d = dir.display()
+    )
+}
+
+fn guard_of(supervisor: u32) -> i32 {
+    wait_for("the guard", Duration::from_secs(2), || {
+        let children =
+            std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
+                .ok()?;
+        children.split_whitespace().next()?.parse().ok()
+    })
+}
+
+fn check(shape: Shape, ending: Ending) {
+    let name = format!("{shape:?}-{ending:?}").to_lowercase();
+    let dir = scratch(&name);
+    let election = unique(&name);
+    let pids = dir.join("a.pids");
+    let life = if ending == Ending::OwnExit { 2 } else { 600 };
+    let mut a = start(&election, &dir, "a", &[], &shape.script(&pids, life));
+    wait_for("a's command runs", Duration::from_secs(5), || {
+        (pids_in(&pids).len() >= shape.processes()).then_some(())
+    });
+    let mut b = start(&election, &dir, "b", &[], &successor_script(&dir, &pids));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!dir.join("b.token").exists(), "b must wait while a leads");
+    let ended_at = Instant::now();
+    match ending {
+        Ending::Sigterm => signal(a.id() as i32, libc::SIGTERM),
+        Ending::KillSupervisor => signal(a.id() as i32, libc::SIGKILL),
+        Ending::KillGuard => signal(guard_of(a.id()), libc::SIGKILL),
+        Ending::LeaseLost => delete_leader_key(&election),
+        Ending::OwnExit => {}
+    }
+    let limit = if ending == Ending::OwnExit {
+        Duration::from_secs(4)
+    } else {
+        Duration::from_secs(1)
+    };
+    let all = pids_in(&pids);
+    wait_for(
+        &format!("every process of a's command gone ({all:?})"),
+        limit,
+        || all.iter().all(|&p| !alive(p)).then_some(()),
+    );
+    if ending == Ending::OwnExit {
+        // The term lasted as long as the leftovers did.
+        assert!(ended_at.elapsed() >= Duration::from_millis(1500));
+    }
+    let status = wait_for("a exits", Duration::from_secs(3), || a.try_wait().unwrap());
+    let expected = match ending {
+        Ending::Sigterm => Some(143),
+        Ending::KillSupervisor => None,
+        Ending::KillGuard | Ending::LeaseLost => Some(3),
+        Ending::OwnExit => Some(0),
+    };
+    let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap_or_default();
+    assert_eq!(status.code(), expected, "{stderr}");
+    wait_for("b runs", Duration::from_secs(8), || {
+        dir.join("b.token").exists().then_some(())
+    });
+    let overlap = std::fs::read_to_string(dir.join("overlap")).unwrap_or_default();
+    assert!(overlap.is_empty(), "b started while a's {overlap} lived");
+    signal(b.id() as i32, libc::SIGTERM);
+    let _ = b.wait();
+}
+
+macro_rules! matrix {
+    ($($name:ident: $shape:ident, $ending:ident;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                check(Shape::$shape, Ending::$ending);
+            }
+        )*
+    };
+}
+
+matrix! {
+    timeout_sigterm: Timeout, Sigterm;
+    timeout_kill_supervisor: Timeout, KillSupervisor;
+    timeout_kill_guard: Timeout, KillGuard;
+    timeout_lease_lost: Timeout, LeaseLost;
+    timeout_own_exit: Timeout, OwnExit;
+    setsid_sigterm: SetsidFork, Sigterm;
+    setsid_kill_supervisor: SetsidFork, KillSupervisor;
+    setsid_kill_guard: SetsidFork, KillGuard;
+    setsid_lease_lost: SetsidFork, LeaseLost;
+    setsid_own_exit: SetsidFork, OwnExit;
+    job_control_sigterm: JobControl, Sigterm;
+    job_control_kill_supervisor: JobControl, KillSupervisor;
+    job_control_kill_guard: JobControl, KillGuard;
+    job_control_lease_lost: JobControl, LeaseLost;
+    job_control_own_exit: JobControl, OwnExit;
+    double_fork_sigterm: DoubleFork, Sigterm;
+    double_fork_kill_supervisor: DoubleFork, KillSupervisor;
+    double_fork_kill_guard: DoubleFork, KillGuard;
+    double_fork_lease_lost: DoubleFork, LeaseLost;
+    double_fork_own_exit: DoubleFork, OwnExit;
+}
+
+/// The weaker mechanisms hold too: the same daemonizing command under cgroup v1 freezer and
+/// under the subreaper alone, with the supervisor and then the guard killed.
+#[test]
+fn every_containment_mode_holds_a_daemon() {
+    for mode in ["cgroup", "freezer", "subreaper"] {
+        for kill_guard in [false, true] {
+            let name = format!("mode-{mode}-{kill_guard}");
+            let dir = scratch(&name);
+            let election = unique(&name);
+            let pids = dir.join("a.pids");
+            let script = Shape::SetsidFork.script(&pids, 600);
+            let mut a = start(&election, &dir, "a", &["--containment", mode], &script);
+            wait_for("a's command runs", Duration::from_secs(5), || {
+                (pids_in(&pids).len() >= 2).then_some(())
+            });
+            let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap();
+            let said = match mode {
+                "cgroup" => "containment: cgroup v2",
+                "freezer" => "containment: cgroup v1 freezer",
+                _ => "containment: process tree under child subreapers",
+            };
+            assert!(stderr.contains(said), "{mode}: {stderr}");
+            if kill_guard {
+                signal(guard_of(a.id()), libc::SIGKILL);
+            } else {
+                signal(a.id() as i32, libc::SIGKILL);
+            }
+            let all = pids_in(&pids);
+            wait_for(&format!("{mode}: all gone"), Duration::from_secs(1), || {
+                all.iter().all(|&p| !alive(p)).then_some(())
+            });
+            let _ = a.wait();
+            // The cgroup is removed by whoever survived, supervisor or guard.
+            wait_for(
+                &format!("{mode}: no cgroup left"),
+                Duration::from_secs(2),
+                || (!cgroup_dirs(a.id()).iter().any(|d| d.exists())).then_some(()),
+            );
+        }
+    }
+}
+
+fn cgroup_dirs(pid: u32) -> Vec<PathBuf> {
+    [
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup/freezer",
+        "/sys/fs/cgroup",
+    ]
+    .iter()
+    .map(|root| PathBuf::from(root).join(format!("baton-{pid}")))
+    .collect()
+}
+
+/// A stopped guard (SIGSTOP for 3 × TTL) is treated as failed: its command is killed within
+/// about a second, `baton run` reports the loss (exit 3), and the successor starts only after.
+#[test]
+fn a_stopped_guard_gets_its_command_killed() {
+    let dir = scratch("stopped-guard");
+    let election = unique("stopped-guard");
+    let pids = dir.join("a.pids");
+    let mut a = start(
+        &election,
+        &dir,
+        "a",
+        &[],
+        &Shape::SetsidFork.script(&pids, 600),
+    );
+    wait_for("a runs", Duration::from_secs(5), || {
+        (pids_in(&pids).len() >= 2).then_some(())
+    });
+    let mut b = start(&election, &dir, "b", &[], &successor_script(&dir, &pids));
+    std::thread::sleep(Duration::from_millis(300));
+    let guard = guard_of(a.id());
+    signal(guard, libc::SIGSTOP);
+    let all = pids_in(&pids);
+    wait_for("a's command killed", Duration::from_secs(3), || {
+        all.iter().all(|&p| !alive(p)).then_some(())
+    });
+    let status = wait_for("a exits", Duration::from_secs(3), || a.try_wait().unwrap());
+    let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("guard stopped responding"), "{stderr}");
+    wait_for("b runs", Duration::from_secs(8), || {
+        dir.join("b.token").exists().then_some(())
+    });
+    assert!(!dir.join("overlap").exists());
+    // The stopped guard itself was killed too (SIGKILL ends a stopped process).
+    assert!(!alive(guard as u64));
+    signal(b.id() as i32, libc::SIGTERM);
+    let _ = b.wait();
+}
+
+/// stderr closed by its reader (`baton run ... 2>&1 | head -n1`): writing notes must neither
+/// kill nor block the supervisor. It still stops its command on loss and exits 3.
+#[test]
+fn closed_stderr_does_not_kill_the_supervisor() {
+    let dir = scratch("closed-stderr");
+    let election = unique("closed-stderr");
+    let pids = dir.join("a.pids");
+    let mut a = run_script(
+        &election,
+        &["--id", "a"],
+        &Shape::SetsidFork.script(&pids, 600),
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Read the first line, then close the pipe, as `head -n1` does.
+    let mut stderr = a.stderr.take().unwrap();
+    let mut first = Vec::new();
+    let mut byte = [0u8; 1];
+    use std::io::Read;
+    while stderr.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+        first.push(byte[0]);
+    }
+    drop(stderr);
+    wait_for("a runs", Duration::from_secs(5), || {
+        (pids_in(&pids).len() >= 2).then_some(())
+    });
+    // Losing leadership makes it write notes into the closed pipe.
+    delete_election_keys(&election);
+    let all = pids_in(&pids);
+    wait_for("a's command killed", Duration::from_secs(1), || {
+        all.iter().all(|&p| !alive(p)).then_some(())
+    });
+    let status = wait_for("a exits", Duration::from_secs(3), || a.try_wait().unwrap());
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "exit {status:?} (101 would be a panic)"
+    );
+}
+
+/// Stray signals to the guard (`pkill -USR1 -f JOB` for log rotation matches its command line
+/// too): the job keeps running under the same token, nothing is reported as the command's exit.
+#[test]
+fn stray_signals_to_the_guard_change_nothing() {
+    let dir = scratch("stray");
+    let election = unique("stray");
+    let token_file = dir.join("token");
+    let script = format!(
+        "echo $BATON_TOKEN >> {}; echo $$ > {}/pid; exec sleep 600",
+        token_file.display(),
+        dir.display()
+    );
+    let mut a = start(&election, &dir, "a", &["--requeue"], &script);
+    let pid = wait_for("a runs", Duration::from_secs(5), || {
+        read_number(&dir.join("pid"))
+    });
+    let guard = guard_of(a.id());
+    for stray in [
+        libc::SIGUSR1,
+        libc::SIGHUP,
+        libc::SIGUSR2,
+        libc::SIGTERM,
+        libc::SIGINT,
+    ] {
+        signal(guard, stray);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        alive(pid),
+        "{}",
+        std::fs::read_to_string(dir.join("a.stderr")).unwrap()
+    );
+    assert!(alive(guard as u64));
+    assert_eq!(
+        std::fs::read_to_string(&token_file)
+            .unwrap()
+            .lines()
+            .count(),
+        1
+    );
+    assert!(a.try_wait().unwrap().is_none());
+    signal(a.id() as i32, libc::SIGTERM);
+    let _ = a.wait();
+}
+
+/// The guard's dead-man kill (the supervisor frozen past its deadline) is a loss, reported as
+/// such: with `--requeue` the supervisor, once resumed, campaigns again and reruns the command
+/// with a larger token instead of exiting as if the command had ended.
+#[test]
+fn a_dead_man_kill_is_a_loss_and_requeue_campaigns_again() {
+    let dir = scratch("deadman");
+    let election = unique("deadman");
+    let token_file = dir.join("tokens");
+    let script = format!(
+        "echo $BATON_TOKEN >> {}; exec sleep 600",
+        token_file.display()
+    );
+    let mut a = start(&election, &dir, "a", &["--requeue"], &script);
+    let tokens = |n: usize| {
+        let text = std::fs::read_to_string(&token_file).unwrap_or_default();
+        let found: Vec<u64> = text.lines().filter_map(|l| l.parse().ok()).collect();
+        (found.len() >= n).then_some(found)
+    };
+    wait_for("first term", Duration::from_secs(5), || tokens(1));
+    signal(a.id() as i32, libc::SIGSTOP);
+    // The guard kills the command at the local deadline (< TTL); stay stopped past it.
+    std::thread::sleep(Duration::from_secs(3));
+    signal(a.id() as i32, libc::SIGCONT);
+    let found = wait_for("second term", Duration::from_secs(8), || tokens(2));
+    assert!(found[1] > found[0], "{found:?}");
+    let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap();
+    assert!(stderr.contains("leadership lost"), "{stderr}");
+    assert!(a.try_wait().unwrap().is_none(), "{stderr}");
+    signal(a.id() as i32, libc::SIGTERM);
+    let _ = a.wait();
+}
