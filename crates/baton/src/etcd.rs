@@ -37,7 +37,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause between attempts when a requeueing candidate hits a backend error.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
+/// etcd's `MaxLeaseTTL`: the server refuses a grant above it ("too large lease TTL"). A TTL
+/// above it is bad input, rejected when the election is made rather than at the first grant.
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
+
 pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
+    if ttl > MAX_TTL {
+        return Err(Error::Unsupported(format!(
+            "ttl {} is above etcd's maximum lease ttl of {}s",
+            baton_core::format_duration(ttl),
+            MAX_TTL.as_secs()
+        )));
+    }
     if ttl.subsec_nanos() != 0 {
         return Err(Error::Unsupported(format!(
             "ttl {} is not a whole number of seconds (etcd leases have whole-second TTLs)",
@@ -1234,5 +1245,22 @@ impl CandidateDriver {
         )
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_above_etcds_maximum_is_unsupported() {
+        assert!(validate_ttl(MAX_TTL).is_ok());
+        let error = validate_ttl(MAX_TTL + Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(error, Error::Unsupported(_)), "{error:?}");
+        assert_eq!(
+            error.to_string(),
+            "ttl 9000000001s is above etcd's maximum lease ttl of 9000000000s"
+        );
+        assert!(!error.to_string().contains('\n'));
     }
 }

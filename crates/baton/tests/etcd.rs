@@ -92,6 +92,25 @@ async fn one_resign_wakes_exactly_one_of_50_waiters() {
 }
 
 #[tokio::test]
+async fn ttl_above_etcds_maximum_is_rejected() {
+    let backend = baton::Backend::connect(&url()).await.unwrap();
+    let maximum = std::time::Duration::from_secs(9_000_000_000);
+    let at_maximum = baton::ElectionConfig::default().with_ttl(maximum);
+    assert!(baton::Election::new(&backend, "ttl", at_maximum).is_ok());
+    let above =
+        baton::ElectionConfig::default().with_ttl(maximum + std::time::Duration::from_secs(1));
+    match baton::Election::new(&backend, "ttl", above) {
+        Err(baton::Error::Unsupported(message)) => {
+            assert!(
+                message.contains("above etcd's maximum lease ttl"),
+                "{message}"
+            )
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}
+
+#[tokio::test]
 async fn unreachable_server_is_a_clear_error() {
     // Port 1 on loopback: nothing listens there.
     let error = baton::Backend::connect("etcd://127.0.0.1:1/x")
