@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::backend::{Backend, BackendKind};
 use crate::error::{Error, Result};
 use crate::session::LeaseView;
+use crate::url::CANDIDATES_MARKER;
 
 /// The current leader of an election, as anyone can observe it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -180,6 +181,9 @@ fn validate_name(what: &'static str, value: &str) -> Result<()> {
         Some("must be at most 256 bytes")
     } else if what == "election name" && value.contains('/') {
         Some("must not contain '/'")
+    } else if what == "election name" && value == CANDIDATES_MARKER {
+        // Reserved: it separates an election's name from its candidates' entries.
+        Some("is reserved (it separates an election from its candidates' keys)")
     } else if value.chars().any(char::is_control) {
         Some("must not contain control characters")
     } else {
@@ -420,11 +424,13 @@ mod tests {
     #[test]
     fn names_are_validated() {
         assert!(validate_name("election name", "cron").is_ok());
-        for bad in ["", "a/b", "x\ny"] {
+        for bad in ["", "a/b", "x\ny", "@candidates"] {
             let message = validate_name("election name", bad).unwrap_err().to_string();
             assert!(message.starts_with("invalid election name"), "{message}");
         }
+        assert!(validate_name("election name", "@candidates2").is_ok());
         assert!(validate_name("candidate id", "host/1").is_ok());
+        assert!(validate_name("candidate id", "@candidates").is_ok());
         assert!(validate_name("candidate id", &"x".repeat(300)).is_err());
     }
 }

@@ -1,7 +1,8 @@
 //! The etcd v3 backend (also serves `baton server`, which speaks the same API subset).
 //!
-//! Layout: every candidate owns `<prefix>/<election>/<lease id>-<n>`, created in a
-//! transaction only if absent and bound to the process's lease. The leader is the key with the
+//! Layout: every candidate owns `<prefix>/<election>/@candidates/<lease id>-<n>`, created in a
+//! transaction only if absent and bound to the process's lease (see
+//! [`EtcdBackend::candidates_scope`] for why no two elections can share a key). The leader is the key with the
 //! lowest create revision, and that revision is the fencing token. A waiter watches only the
 //! deletion of the key with the next-lower create revision, so a handoff wakes one waiter.
 
@@ -22,6 +23,7 @@ use crate::election::{Command, GuardContext, LeaderInfo, Leadership, Status};
 use crate::error::{Error, Result};
 use crate::session::{start_lease, LeaseHandle, LeaseTransport, LeaseView};
 use crate::stats::Stats;
+use crate::url::CANDIDATES_MARKER;
 use crate::watch_hub::{DeletionWatch, Fired, WatchHub};
 
 /// etcd leases are whole seconds; the server raises anything shorter than its own minimum
@@ -197,8 +199,19 @@ impl EtcdBackend {
         })
     }
 
-    fn election_prefix(&self, election: &str) -> String {
-        format!("{}/{}/", self.prefix, election)
+    /// `<prefix>/<election>/@candidates/`: every key of the election's candidates, and nothing
+    /// else, lies under it; every query of the election is scoped to it.
+    ///
+    /// Why it is unambiguous: an election name contains no `/` and is never the marker
+    /// [`CANDIDATES_MARKER`], and no segment of the prefix is the marker either (both checked
+    /// on input). Cut two scopes into `/`-separated segments: `prefix segments…, election,
+    /// marker`. If one scope were a prefix of another, the shorter one's marker would stand
+    /// where the longer one has a prefix segment or its election name, and the marker is
+    /// neither; so two scopes are equal (same prefix, same election) or disjoint. Without the
+    /// marker, prefix `/x/a` with election `e` and prefix `/x` with election `a` would share
+    /// `/x/a/e…`.
+    fn candidates_scope(&self, election: &str) -> String {
+        format!("{}/{}/{}/", self.prefix, election, CANDIDATES_MARKER)
     }
 
     /// A live lease with these settings, granting a new one if the last has expired.
@@ -260,7 +273,7 @@ impl EtcdBackend {
         let driver = CandidateDriver {
             backend: self.clone(),
             client: self.client.clone(),
-            prefix: self.election_prefix(&election),
+            prefix: self.candidates_scope(&election),
             election,
             id,
             serial,
@@ -294,7 +307,7 @@ impl EtcdBackend {
         let response = request(
             &self.stats,
             "get leader",
-            client.get(self.election_prefix(election), Some(options)),
+            client.get(self.candidates_scope(election), Some(options)),
         )
         .await?;
         Ok(response.kvs().first().map(|kv| LeaderInfo {
@@ -308,7 +321,7 @@ impl EtcdBackend {
         election: String,
         tx: mpsc::Sender<Result<Option<LeaderInfo>>>,
     ) -> Result<()> {
-        let prefix = self.election_prefix(&election);
+        let prefix = self.candidates_scope(&election);
         let (members, revision) = self.snapshot(&prefix).await?;
         let backend = self.clone();
         tokio::spawn(async move {
@@ -459,7 +472,7 @@ impl EtcdBackend {
         let response = request(
             &self.stats,
             "find leader key",
-            client.get(self.election_prefix(election), Some(options)),
+            client.get(self.candidates_scope(election), Some(options)),
         )
         .await?;
         let Some(kv) = response.kvs().first() else {
@@ -633,7 +646,7 @@ impl LeaseTransport for EtcdLeaseTransport {
 struct CandidateDriver {
     backend: Arc<EtcdBackend>,
     client: Client,
-    /// `<prefix>/<election>/`.
+    /// `<prefix>/<election>/@candidates/`: the scope of every query of this election.
     prefix: String,
     election: String,
     id: String,

@@ -18,7 +18,7 @@ fn url() -> String {
 /// Deletes the leader's key of `election` behind the library's back, as an operator would.
 async fn delete_leader_key(election: &str) {
     let mut client = etcd_client::Client::connect([etcd()], None).await.unwrap();
-    let prefix = format!("/baton-test/{election}/");
+    let prefix = format!("/baton-test/{election}/@candidates/");
     let options = etcd_client::GetOptions::new()
         .with_prefix()
         .with_sort(
@@ -89,6 +89,11 @@ async fn many_elections_share_one_lease() {
 #[tokio::test]
 async fn one_resign_wakes_exactly_one_of_50_waiters() {
     check_one_resign_wakes_exactly_one_waiter(&url(), 50).await;
+}
+
+#[tokio::test]
+async fn nested_prefixes_are_independent() {
+    check_nested_prefixes_are_independent(&url()).await;
 }
 
 #[tokio::test]

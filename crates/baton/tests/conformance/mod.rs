@@ -336,3 +336,80 @@ pub async fn check_requeue_resigning_a_term_campaigns_again(url: &str) {
     .await;
     assert!(!second.is_leading());
 }
+
+/// Backend prefix `P/x` with election `e`, and prefix `P` with election `x`: two elections
+/// whose names nest must never see each other's candidates.
+pub async fn check_nested_prefixes_are_independent(url: &str) {
+    let outer_name = unique("nest");
+    let inner_url = format!("{}/{outer_name}", url.trim_end_matches('/'));
+    let outer_backend = Backend::connect(url).await.unwrap();
+    let inner_backend = Backend::connect(&inner_url).await.unwrap();
+    let outer = Election::new(&outer_backend, &outer_name, config()).unwrap();
+    let inner = Election::new(&inner_backend, "e", config()).unwrap();
+    let inner_lead = within(
+        "inner campaign",
+        Duration::from_secs(3),
+        inner.campaign("inner"),
+    )
+    .await
+    .unwrap();
+    // The outer election has no leader: the inner one's key is not its candidate.
+    assert_eq!(outer.leader().await.unwrap(), None);
+    let outer_lead = within(
+        "outer campaign",
+        Duration::from_secs(3),
+        outer.campaign("outer"),
+    )
+    .await
+    .unwrap();
+    assert!(inner_lead.is_leading() && outer_lead.is_leading());
+    assert_eq!(
+        inner.leader().await.unwrap(),
+        Some(LeaderInfo {
+            id: "inner".into(),
+            token: inner_lead.token()
+        })
+    );
+    assert_eq!(
+        outer.leader().await.unwrap(),
+        Some(LeaderInfo {
+            id: "outer".into(),
+            token: outer_lead.token()
+        })
+    );
+    // A write fenced by one election's token is refused under the other election.
+    let data_key = format!("/baton-test-data/{outer_name}");
+    for (election, foreign) in [(&outer, inner_lead.token()), (&inner, outer_lead.token())] {
+        match election.guarded_put(foreign, &data_key, "foreign").await {
+            Err(Error::Fenced { token, .. }) => assert_eq!(token, foreign),
+            other => panic!("{}: expected Fenced, got {other:?}", election.name()),
+        }
+    }
+    outer
+        .guarded_put(outer_lead.token(), &data_key, "outer")
+        .await
+        .unwrap();
+    inner
+        .guarded_put(inner_lead.token(), &data_key, "inner")
+        .await
+        .unwrap();
+    // Each observer sees only its own election's leader.
+    let mut outer_observer = outer.observe().await.unwrap();
+    assert_eq!(
+        outer_observer.next().await.unwrap().map(|leader| leader.id),
+        Some("outer".into())
+    );
+    inner_lead.resign().await;
+    outer_lead.resign().await;
+    let seen = within(
+        "outer observer",
+        Duration::from_secs(2),
+        outer_observer.next(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        seen, None,
+        "the inner resign must not reach the outer observer"
+    );
+}
