@@ -282,8 +282,6 @@ impl EtcdBackend {
             lease: None,
             own_key: Vec::new(),
             predecessor: None,
-            predecessor_is_first: false,
-            first_in_line: false,
             own_watch: None,
             predecessor_watch: None,
             status: None,
@@ -657,12 +655,6 @@ struct CandidateDriver {
     own_key: Vec<u8>,
     /// The key and create revision we wait behind.
     predecessor: Option<(Vec<u8>, i64)>,
-    /// Whether the predecessor was also the lowest key of the election when we looked: then
-    /// it is the only key ahead of us (keys created later sort after us), and its deletion
-    /// makes us leader without another read.
-    predecessor_is_first: bool,
-    /// Set when that deletion arrived: answer the next `FindPredecessor` without a request.
-    first_in_line: bool,
     /// The deletion of our own key.
     own_watch: Option<DeletionWatch>,
     /// The deletion of the key we wait behind.
@@ -725,7 +717,6 @@ impl CandidateDriver {
                         .is_some_and(|(k, r)| *k == key && *r == revision)
                     {
                         self.backend.stats.wakeups.fetch_add(1, Ordering::Relaxed);
-                        self.first_in_line = self.predecessor_is_first;
                         self.core.handle_predecessor_deleted(revision as u64);
                     }
                 }
@@ -1053,13 +1044,10 @@ impl CandidateDriver {
         Ok(())
     }
 
+    /// Always one transaction that also checks our own key, even when the predecessor's
+    /// deletion suggests we are first: the same revision may have deleted our key too (a
+    /// `del --prefix`, a shared lease revoked), and its event may not have reached us yet.
     async fn find_predecessor(&mut self, own_revision: i64) {
-        if std::mem::take(&mut self.first_in_line) {
-            // The only key ahead of us is gone; none can appear ahead of us later.
-            self.predecessor = None;
-            self.core.handle_predecessor(None);
-            return;
-        }
         loop {
             match self.try_find_predecessor(own_revision).await {
                 Ok(Some(found)) => {
@@ -1114,21 +1102,13 @@ impl CandidateDriver {
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_max_create_revision(own_revision - 1)
             .with_limit(1);
-        let first = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.own_key.clone(),
                 CompareOp::Equal,
                 own_revision,
             )])
-            .and_then([
-                TxnOp::get(self.prefix.clone(), Some(options)),
-                TxnOp::get(self.prefix.clone(), Some(first)),
-            ]);
+            .and_then([TxnOp::get(self.prefix.clone(), Some(options))]);
         let response = request(
             &self.backend.stats,
             "find predecessor",
@@ -1139,16 +1119,13 @@ impl CandidateDriver {
             return Ok(None);
         }
         let read_revision = response.header().map_or(0, |h| h.revision());
-        let mut gets = response.op_responses().into_iter().map(|op| match op {
+        let predecessor = response.op_responses().into_iter().find_map(|op| match op {
             TxnOpResponse::Get(get) => get
                 .kvs()
                 .first()
                 .map(|kv| (kv.key().to_vec(), kv.create_revision())),
             _ => None,
         });
-        let predecessor = gets.next().flatten();
-        let lowest = gets.next().flatten();
-        self.predecessor_is_first = predecessor.is_some() && predecessor == lowest;
         if let Some((key, _)) = &predecessor {
             if self.own_watch.is_none() {
                 // Our key exists as of `read_revision` (the transaction checked it).

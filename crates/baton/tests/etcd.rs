@@ -31,6 +31,17 @@ async fn delete_leader_key(election: &str) {
     client.delete(key, None).await.unwrap();
 }
 
+/// Deletes every candidate key of `election` in one revision (one `DeleteRange`), as
+/// `etcdctl del --prefix` would; returns that revision.
+async fn delete_all_keys(election: &str) -> u64 {
+    let mut client = etcd_client::Client::connect([etcd()], None).await.unwrap();
+    let prefix = format!("/baton-test/{election}/@candidates/");
+    let options = etcd_client::DeleteOptions::new().with_prefix();
+    let response = client.delete(prefix, Some(options)).await.unwrap();
+    assert_eq!(response.deleted(), 2, "the leader's key and the waiter's");
+    response.header().unwrap().revision() as u64
+}
+
 #[tokio::test]
 async fn single_candidate_leads_and_resigns() {
     check_single_candidate_leads_and_resigns(&url()).await;
@@ -89,6 +100,11 @@ async fn many_elections_share_one_lease() {
 #[tokio::test]
 async fn one_resign_wakes_exactly_one_of_50_waiters() {
     check_one_resign_wakes_exactly_one_waiter(&url(), 50).await;
+}
+
+#[tokio::test]
+async fn own_and_predecessor_deleted_at_once_never_elects_the_waiter() {
+    check_own_and_predecessor_deleted_at_once(&url(), delete_all_keys, 50).await;
 }
 
 #[tokio::test]

@@ -413,3 +413,66 @@ pub async fn check_nested_prefixes_are_independent(url: &str) {
         "the inner resign must not reach the outer observer"
     );
 }
+
+/// A leader's and its waiter's entries deleted in one step (`etcdctl del --prefix`, a shared
+/// lease revoked): the waiter's own deletion wins over its predecessor's, so it never reports a
+/// leadership for an entry already gone. `delete_all` deletes every entry of the election at
+/// once and returns the backend's revision of that deletion.
+pub async fn check_own_and_predecessor_deleted_at_once(
+    url: &str,
+    delete_all: impl AsyncFn(&str) -> u64,
+    rounds: usize,
+) {
+    let leader_backend = Backend::connect(url).await.unwrap();
+    let waiter_backend = Backend::connect(url).await.unwrap();
+    for round in 0..rounds {
+        let requeue = round % 2 == 1;
+        let name = unique(&format!("both{round}"));
+        let leader = Election::new(&leader_backend, &name, config()).unwrap();
+        let waiter = Election::new(&waiter_backend, &name, config().with_requeue(requeue)).unwrap();
+        let leadership = leader.campaign("leader").await.unwrap();
+        let mut candidacy = waiter.candidacy("waiter").unwrap();
+        let first = tokio::spawn(async move {
+            let result = candidacy.next().await;
+            (candidacy, result)
+        });
+        // Let the waiter queue behind the leader.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !first.is_finished(),
+            "round {round}: the waiter led too soon"
+        );
+        let deleted_at = delete_all(&name).await;
+        assert_eq!(
+            within("leader's loss", Duration::from_secs(3), leadership.lost()).await,
+            LossReason::KeyDeleted,
+            "round {round}"
+        );
+        let (mut candidacy, result) = within("waiter's answer", Duration::from_secs(3), first)
+            .await
+            .unwrap();
+        if requeue {
+            // Campaigning again is right; leading on the deleted entry is not.
+            let second = result.unwrap();
+            assert!(
+                second.token() > deleted_at,
+                "round {round}: leadership with token {} for an entry deleted at {deleted_at}",
+                second.token()
+            );
+            second.resign().await;
+            candidacy.resign().await;
+        } else {
+            match result {
+                Err(Error::CampaignLost(LossReason::KeyDeleted)) => {}
+                Ok(leadership) => panic!(
+                    "round {round}: leadership with token {} for an entry deleted at {deleted_at}",
+                    leadership.token()
+                ),
+                Err(other) => panic!("round {round}: expected KeyDeleted, got {other:?}"),
+            }
+            // Nothing more comes from that candidacy.
+            let rest = within("end", Duration::from_secs(3), candidacy.next()).await;
+            assert!(rest.is_err(), "round {round}: {rest:?}");
+        }
+    }
+}
