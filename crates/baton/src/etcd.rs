@@ -240,6 +240,17 @@ impl EtcdBackend {
         Ok(lease)
     }
 
+    /// A candidacy is done with `lease`: if no other candidacy uses it, forget it, so that it
+    /// is revoked (when its last reference goes) rather than renewed for nobody.
+    async fn release_lease(&self, lease: Arc<EtcdLease>) {
+        let mut leases = self.leases.lock().await;
+        // Ours and the map's: no other candidacy holds it, and none can take it while we hold
+        // the lock (`lease` hands out clones under it).
+        if Arc::strong_count(&lease) == 2 {
+            leases.retain(|_, held| !Arc::ptr_eq(held, &lease));
+        }
+    }
+
     pub(crate) async fn close(&self) {
         let leases: Vec<_> = self.leases.lock().await.drain().collect();
         for (_, lease) in leases {
@@ -740,6 +751,9 @@ impl CandidateDriver {
         }
         for ack in self.resign_acks.drain(..) {
             let _ = ack.send(());
+        }
+        if let Some(lease) = self.lease.take() {
+            self.backend.release_lease(lease).await;
         }
     }
 
