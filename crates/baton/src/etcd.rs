@@ -141,6 +141,10 @@ pub(crate) struct EtcdBackend {
     clock: Clock,
     leases: Mutex<HashMap<LeaseKey, Arc<EtcdLease>>>,
     next_candidate: AtomicU64,
+    /// The highest token seen elected per election, across this backend's candidacies: a new
+    /// entry at or below it means etcd's revision went backwards (restored or wiped). One
+    /// number per election this process has led.
+    highest_tokens: std::sync::Mutex<HashMap<String, u64>>,
     pub(crate) stats: Arc<Stats>,
     /// Every candidate's deletion watches share this one stream.
     hub: WatchHub,
@@ -195,6 +199,7 @@ impl EtcdBackend {
             clock: Clock::new(),
             leases: Mutex::new(HashMap::new()),
             next_candidate: AtomicU64::new(0),
+            highest_tokens: std::sync::Mutex::new(HashMap::new()),
             stats,
         })
     }
@@ -238,6 +243,24 @@ impl EtcdBackend {
         let lease = Arc::new(EtcdLease { id, handle });
         leases.insert(key, lease.clone());
         Ok(lease)
+    }
+
+    /// The highest token elected in `election` through this backend so far.
+    fn highest_token(&self, election: &str) -> Option<u64> {
+        let tokens = self
+            .highest_tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        tokens.get(election).copied()
+    }
+
+    fn note_token(&self, election: &str, token: u64) {
+        let mut tokens = self
+            .highest_tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let highest = tokens.entry(election.to_string()).or_default();
+        *highest = (*highest).max(token);
     }
 
     /// A candidacy is done with `lease`: if no other candidacy uses it, forget it, so that it
@@ -303,6 +326,7 @@ impl EtcdBackend {
             resign_acks: Vec::new(),
             step_down_acks: Vec::new(),
             create_uncertain: false,
+            created_revision: 0,
         };
         tokio::spawn(driver.run());
     }
@@ -681,6 +705,8 @@ struct CandidateDriver {
     step_down_acks: Vec<tokio::sync::oneshot::Sender<()>>,
     /// A create request failed without an answer: the key may exist. Deleted on giving up.
     create_uncertain: bool,
+    /// The revision of the last key we created (for the error when it was too low).
+    created_revision: u64,
 }
 
 /// What woke the driver.
@@ -914,6 +940,11 @@ impl CandidateDriver {
     async fn create_key(&mut self) {
         self.drop_watches();
         self.predecessor = None;
+        // Tokens elected before our create is sent: our key must come out above them. (Not
+        // re-read per attempt: a retry may adopt a key created by an earlier attempt.)
+        if let Some(highest) = self.backend.highest_token(&self.election) {
+            self.core.handle_token_seen(highest);
+        }
         loop {
             match self.try_create_key().await {
                 Ok(revision) => {
@@ -929,6 +960,7 @@ impl CandidateDriver {
                     }
                     self.failures = 0;
                     self.create_uncertain = false;
+                    self.created_revision = revision as u64;
                     self.core.handle_key_created(revision as u64);
                     return;
                 }
@@ -1172,6 +1204,7 @@ impl CandidateDriver {
             return;
         }
         let lease = self.lease.as_ref().expect("elected under a lease");
+        self.backend.note_token(&self.election, token);
         let (status_tx, status_rx) = watch::channel(Status::Leading);
         self.status = Some(status_tx);
         let leadership = Leadership::new(
@@ -1197,7 +1230,16 @@ impl CandidateDriver {
         if let Some(status) = self.status.take() {
             status.send_replace(Status::Lost(reason));
         }
-        if !was_leading && !self.config.requeue {
+        if reason == LossReason::TokenRegressed {
+            // Final even with requeue: the caller must hear why.
+            let error = Error::TokenRegressed {
+                election: self.election.clone(),
+                token: self.created_revision,
+                highest: self.core.highest_token().unwrap_or_default(),
+            };
+            tracing::warn!(election = %self.election, %error, "candidacy ended");
+            let _ = self.leaderships.try_send(Box::new(Err(error)));
+        } else if !was_leading && !self.config.requeue {
             let _ = self
                 .leaderships
                 .try_send(Box::new(Err(Error::CampaignLost(reason))));

@@ -42,6 +42,92 @@ async fn delete_all_keys(election: &str) -> u64 {
     response.header().unwrap().revision() as u64
 }
 
+/// An etcd of this test's own, on free loopback ports, so it can be wiped without disturbing
+/// the shared one. Killed (and its data removed) when dropped.
+struct PrivateEtcd {
+    client_port: u16,
+    peer_port: u16,
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateEtcd {
+    async fn start() -> PrivateEtcd {
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let dir = std::env::temp_dir().join(conformance::unique("baton-private-etcd"));
+        let mut etcd = PrivateEtcd {
+            client_port: free_port(),
+            peer_port: free_port(),
+            dir,
+            child: None,
+        };
+        etcd.spawn().await;
+        etcd
+    }
+
+    fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// Starts etcd on an empty data directory and waits until it answers.
+    async fn spawn(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        std::fs::create_dir_all(&self.dir).unwrap();
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::File::create(self.dir.join("etcd.log")).unwrap();
+        let child = std::process::Command::new("etcd")
+            .arg("--name=private")
+            .arg(format!("--data-dir={}", self.dir.join("data").display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=private={peer}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd must be installed (scripts/test installs it)");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if let Ok(mut client) = etcd_client::Client::connect([self.endpoint()], None).await {
+                if client.status().await.is_ok() {
+                    return;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("private etcd did not start; see {}", self.dir.display());
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Replaces the server by a fresh one with an empty data directory on the same ports: its
+    /// revisions start again from 1.
+    async fn wipe(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+}
+
+impl Drop for PrivateEtcd {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[tokio::test]
 async fn single_candidate_leads_and_resigns() {
     check_single_candidate_leads_and_resigns(&url()).await;
@@ -105,6 +191,20 @@ async fn one_resign_wakes_exactly_one_of_50_waiters() {
 #[tokio::test]
 async fn own_and_predecessor_deleted_at_once_never_elects_the_waiter() {
     check_own_and_predecessor_deleted_at_once(&url(), delete_all_keys, 50).await;
+}
+
+#[tokio::test]
+async fn tokens_going_backwards_end_the_candidacy() {
+    let mut etcd = PrivateEtcd::start().await;
+    // Raise the revision well above what the fresh server will reach in this test.
+    let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    for i in 0..100 {
+        client.put("/filler", i.to_string(), None).await.unwrap();
+    }
+    let url = format!("etcd://{}/baton-test", etcd.endpoint());
+    check_tokens_going_backwards_end_the_candidacy(&url, async || etcd.wipe().await).await;
 }
 
 #[tokio::test]

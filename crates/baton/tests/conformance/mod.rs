@@ -476,3 +476,91 @@ pub async fn check_own_and_predecessor_deleted_at_once(
         }
     }
 }
+
+/// The backend's history goes backwards under a requeueing leader (`rewind` restores an older
+/// snapshot or wipes it, keeping the URL): the candidacy must end with
+/// [`Error::TokenRegressed`] instead of campaigning with ever lower tokens, a new candidacy in
+/// the same process must hear the same, nothing may panic, and no lease may be renewed for the
+/// candidacies that ended.
+pub async fn check_tokens_going_backwards_end_the_candidacy(url: &str, rewind: impl AsyncFnOnce()) {
+    let backend = Backend::connect(url).await.unwrap();
+    let name = unique("rewound");
+    let election = Election::new(&backend, &name, config().with_requeue(true)).unwrap();
+    let mut candidacy = election.candidacy("a").unwrap();
+    let first = within("first term", Duration::from_secs(5), candidacy.next())
+        .await
+        .unwrap();
+    let token = first.token();
+    rewind().await;
+    // The term ends (its lease and key are gone)...
+    within(
+        "loss of the first term",
+        Duration::from_secs(10),
+        first.lost(),
+    )
+    .await;
+    assert!(!first.is_leading());
+    // ...and the candidacy stops for good, saying why.
+    let error = match within(
+        "end of the candidacy",
+        Duration::from_secs(15),
+        candidacy.next(),
+    )
+    .await
+    {
+        Err(error) => error,
+        Ok(leadership) => panic!(
+            "a leadership with token {} after one with {token}",
+            leadership.token()
+        ),
+    };
+    match &error {
+        Error::TokenRegressed {
+            election,
+            token: new,
+            highest,
+        } => {
+            assert_eq!(election, &name);
+            assert_eq!(*highest, token);
+            assert!(new <= highest, "{new} > {highest}");
+        }
+        other => panic!("expected TokenRegressed, got {other:?}"),
+    }
+    let message = error.to_string();
+    for needle in ["went backwards", "restored", "wiped", "fence"] {
+        assert!(message.contains(needle), "{message}");
+    }
+    assert!(
+        within("after the end", Duration::from_secs(2), candidacy.next())
+            .await
+            .is_err(),
+        "nothing more from an ended candidacy"
+    );
+    // Another candidacy in this process knows the old tokens too.
+    match within(
+        "second candidacy",
+        Duration::from_secs(5),
+        election.campaign("b"),
+    )
+    .await
+    {
+        Err(Error::TokenRegressed { highest, .. }) => assert_eq!(highest, token),
+        Err(other) => panic!("expected TokenRegressed, got {other:?}"),
+        Ok(leadership) => panic!(
+            "a leadership with token {} after one with {token}",
+            leadership.token()
+        ),
+    }
+    // The low keys are deleted.
+    within("no leader", Duration::from_secs(2), async {
+        while election.leader().await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // Nothing keeps renewing a lease for candidacies that are over.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let renewals = backend.stats().renewals;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(backend.stats().renewals, renewals, "renewals after the end");
+}
