@@ -208,6 +208,11 @@ async fn tokens_going_backwards_end_the_candidacy() {
 }
 
 #[tokio::test]
+async fn no_renewals_once_every_candidacy_ended() {
+    check_no_renewals_once_every_candidacy_ended(&url()).await;
+}
+
+#[tokio::test]
 async fn nested_prefixes_are_independent() {
     check_nested_prefixes_are_independent(&url()).await;
 }

@@ -564,3 +564,27 @@ pub async fn check_tokens_going_backwards_end_the_candidacy(url: &str, rewind: i
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert_eq!(backend.stats().renewals, renewals, "renewals after the end");
 }
+
+/// A lease is renewed while a candidacy uses it, and no longer once the last one has ended.
+pub async fn check_no_renewals_once_every_candidacy_ended(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let election = Election::new(&backend, &unique("idle"), config()).unwrap();
+    let leadership = election.campaign("a").await.unwrap();
+    let before = backend.stats().renewals;
+    // TTL 2 s: a renewal every 667 ms.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(backend.stats().renewals > before, "renewed while leading");
+    leadership.resign().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = backend.stats().renewals;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert_eq!(
+        backend.stats().renewals,
+        after,
+        "renewals with no candidacy left"
+    );
+    // A later campaign gets a lease again.
+    let again = election.campaign("a").await.unwrap();
+    assert!(again.is_leading());
+    again.resign().await;
+}
