@@ -238,7 +238,7 @@ impl EtcdBackend {
         };
         let (id_tx, id_rx) = tokio::sync::oneshot::channel();
         transport.on_grant = Some(id_tx);
-        let handle = start_lease(transport, config.clone(), self.clock).await?;
+        let handle = start_lease(transport, config.clone(), self.clock.clone()).await?;
         let id = id_rx.await.map_err(|_| Error::Closed)?;
         let lease = Arc::new(EtcdLease { id, handle });
         leases.insert(key, lease.clone());
@@ -808,7 +808,10 @@ impl CandidateDriver {
     }
 
     async fn wait(&mut self) -> Wake {
-        let mut lease_view = self.lease.as_ref().map(|lease| lease.handle.view.clone());
+        let mut lease_view = self
+            .lease
+            .as_ref()
+            .map(|lease| lease.handle.watch.view.clone());
         let lease_over = async {
             match lease_view.as_mut() {
                 Some(view) => {
@@ -1212,7 +1215,7 @@ impl CandidateDriver {
             self.id.clone(),
             token,
             status_rx,
-            lease.handle.view.clone(),
+            lease.handle.watch.clone(),
             self.commands.clone(),
             GuardContext::Etcd {
                 client: self.client.clone(),
