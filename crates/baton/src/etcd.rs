@@ -1,10 +1,10 @@
 //! The etcd v3 backend (also serves `baton server`, which speaks the same API subset).
 //!
 //! Layout: every candidate owns `<prefix>/<election>/@candidates/<lease id>-<n>`, created in a
-//! transaction only if absent and bound to the process's lease (see
-//! [`EtcdBackend::candidates_scope`] for why no two elections can share a key). The leader is the key with the
-//! lowest create revision, and that revision is the fencing token. A waiter watches only the
-//! deletion of the key with the next-lower create revision, so a handoff wakes one waiter.
+//! transaction only if absent and bound to the process's lease (`candidates_scope` says why no
+//! two elections can share a key). The leader is the key with the lowest create revision, and
+//! that revision is the fencing token. A waiter watches only the deletion of the key with the
+//! next-lower create revision, so a handoff wakes one waiter.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -110,9 +110,10 @@ pub enum CandidateState {
 ///
 /// Call order: [`Candidate::campaign`]; then answer each [`Action`] with the matching
 /// `handle_*` input (tokens of this election seen elsewhere go in with
-/// [`Candidate::handle_token_seen`] before a `CreateKey` is sent); report lease expiry with [`Candidate::handle_lease_expired`]; end with
-/// [`Candidate::resign`]. Drain [`Candidate::poll_action`] after every call. Time does not enter
-/// this core: deadlines belong to [`crate::LeaseCore`].
+/// [`Candidate::handle_token_seen`] before a `CreateKey` is sent); report lease expiry with
+/// [`Candidate::handle_lease_expired`]; end with [`Candidate::resign`]. Drain
+/// [`Candidate::poll_action`] after every call. Time does not enter this core: deadlines belong
+/// to [`crate::LeaseCore`].
 #[derive(Debug, Clone)]
 pub struct Candidate {
     requeue: bool,
