@@ -8,7 +8,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::backend::{Backend, BackendKind};
 use crate::error::{Error, Result};
-use crate::session::LeaseView;
+use crate::session::{LeaseView, LeaseWatch};
+use crate::url::CANDIDATES_MARKER;
 
 /// The current leader of an election, as anyone can observe it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -180,6 +181,9 @@ fn validate_name(what: &'static str, value: &str) -> Result<()> {
         Some("must be at most 256 bytes")
     } else if what == "election name" && value.contains('/') {
         Some("must not contain '/'")
+    } else if what == "election name" && value == CANDIDATES_MARKER {
+        // Reserved: it separates an election's name from its candidates' entries.
+        Some("is reserved (it separates an election from its candidates' keys)")
     } else if value.chars().any(char::is_control) {
         Some("must not contain control characters")
     } else {
@@ -240,7 +244,7 @@ pub struct Leadership {
     id: String,
     token: u64,
     status: watch::Receiver<Status>,
-    lease: watch::Receiver<LeaseView>,
+    lease: LeaseWatch,
     commands: mpsc::Sender<Command>,
     guard: GuardContext,
     resigned: bool,
@@ -252,7 +256,7 @@ impl Leadership {
         id: String,
         token: u64,
         status: watch::Receiver<Status>,
-        lease: watch::Receiver<LeaseView>,
+        lease: LeaseWatch,
         commands: mpsc::Sender<Command>,
         guard: GuardContext,
     ) -> Leadership {
@@ -284,22 +288,22 @@ impl Leadership {
     }
 
     /// The local deadline now in force, or `None` once the lease is over.
+    ///
+    /// Deadlines count time the host spent suspended (`CLOCK_BOOTTIME`), which tokio's clock
+    /// does not: this is tokio's now plus the time remaining, so after a resume from a suspend
+    /// beyond the deadline it is already in the past.
     pub fn deadline(&self) -> Option<tokio::time::Instant> {
-        match *self.lease.borrow() {
-            LeaseView::Live { deadline } => Some(deadline),
-            LeaseView::Over => None,
-        }
+        self.lease.tokio_deadline()
     }
 
-    /// Whether we may still act: not lost, and before the local deadline.
+    /// Whether we may still act: not lost, and before the local deadline (counting time the
+    /// host spent suspended).
     pub fn is_leading(&self) -> bool {
-        *self.status.borrow() == Status::Leading
-            && self
-                .deadline()
-                .is_some_and(|deadline| tokio::time::Instant::now() < deadline)
+        *self.status.borrow() == Status::Leading && self.lease.is_live()
     }
 
-    /// Resolves when leadership is over, at the latest at the local deadline.
+    /// Resolves when leadership is over, at the latest at the local deadline (after a suspend
+    /// beyond it, as soon as the host resumes).
     pub async fn lost(&self) -> LossReason {
         wait_lost(self.status.clone(), self.lease.clone()).await
     }
@@ -364,11 +368,17 @@ impl Drop for Leadership {
 
 /// Waits until a leadership with this status and lease is over: the driver reports a loss, the
 /// lease is over, or the local deadline passes on this future's own timer, whichever is first.
-/// Safety rule 1 does not depend on the driver task being scheduled in time.
+/// Safety rule 1 does not depend on the driver task being scheduled in time. (This timer is
+/// tokio's, which does not count a suspend; after a resume the lease driver's
+/// `CLOCK_BOOTTIME` alarm ends the lease instead.)
 pub(crate) async fn wait_lost(
     mut status: watch::Receiver<Status>,
-    mut lease: watch::Receiver<LeaseView>,
+    lease: LeaseWatch,
 ) -> LossReason {
+    let LeaseWatch {
+        view: mut lease,
+        clock,
+    } = lease;
     loop {
         match *status.borrow_and_update() {
             Status::Leading => {}
@@ -380,11 +390,13 @@ pub(crate) async fn wait_lost(
             LeaseView::Live { deadline } => deadline,
             LeaseView::Over => return LossReason::LeaseExpired,
         };
-        if tokio::time::Instant::now() >= deadline {
+        if clock.now() >= deadline {
             return LossReason::LeaseExpired;
         }
+        // Once tokio's clock has moved by the time remaining, the timeline has moved at least
+        // as far (it also counts suspended time): the deadline has passed.
         tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => return LossReason::LeaseExpired,
+            _ = tokio::time::sleep_until(clock.to_tokio(deadline)) => return LossReason::LeaseExpired,
             changed = status.changed() => {
                 if changed.is_err() {
                     // The driver is gone: nobody renews or watches for us any more.
@@ -420,11 +432,13 @@ mod tests {
     #[test]
     fn names_are_validated() {
         assert!(validate_name("election name", "cron").is_ok());
-        for bad in ["", "a/b", "x\ny"] {
+        for bad in ["", "a/b", "x\ny", "@candidates"] {
             let message = validate_name("election name", bad).unwrap_err().to_string();
             assert!(message.starts_with("invalid election name"), "{message}");
         }
+        assert!(validate_name("election name", "@candidates2").is_ok());
         assert!(validate_name("candidate id", "host/1").is_ok());
+        assert!(validate_name("candidate id", "@candidates").is_ok());
         assert!(validate_name("candidate id", &"x".repeat(300)).is_err());
     }
 }

@@ -63,6 +63,23 @@ pub enum Error {
     /// The campaign ended before leadership was gained.
     #[error("campaign ended before leadership was gained: {0}")]
     CampaignLost(LossReason),
+    /// A new entry's revision was not above a fencing token this election already issued: the
+    /// backend's revision went backwards (restored from an older snapshot, or wiped). The
+    /// candidacy ends, with requeue too; resources fenced with the old tokens will refuse every
+    /// new leader until their fence is reset.
+    #[error(
+        "election {election:?}: new fencing token {token} is not above {highest}, already issued: \
+         the backend's revision went backwards (restored from an older snapshot or wiped); \
+         fenced resources will reject new leaders until their fence is reset"
+    )]
+    TokenRegressed {
+        /// The election.
+        election: String,
+        /// The revision our new entry got.
+        token: u64,
+        /// The highest token this process saw issued in the election.
+        highest: u64,
+    },
     /// A guarded write was refused because the token no longer leads the election.
     #[error("write refused: fencing token {token} no longer leads election {election:?}")]
     Fenced {

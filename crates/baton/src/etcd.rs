@@ -1,9 +1,10 @@
 //! The etcd v3 backend (also serves `baton server`, which speaks the same API subset).
 //!
-//! Layout: every candidate owns `<prefix>/<election>/<lease id>-<n>`, created in a
-//! transaction only if absent and bound to the process's lease. The leader is the key with the
-//! lowest create revision, and that revision is the fencing token. A waiter watches only the
-//! deletion of the key with the next-lower create revision, so a handoff wakes one waiter.
+//! Layout: every candidate owns `<prefix>/<election>/@candidates/<lease id>-<n>`, created in a
+//! transaction only if absent and bound to the process's lease (`candidates_scope` says why no
+//! two elections can share a key). The leader is the key with the lowest create revision, and
+//! that revision is the fencing token. A waiter watches only the deletion of the key with the
+//! next-lower create revision, so a handoff wakes one waiter.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +23,7 @@ use crate::election::{Command, GuardContext, LeaderInfo, Leadership, Status};
 use crate::error::{Error, Result};
 use crate::session::{start_lease, LeaseHandle, LeaseTransport, LeaseView};
 use crate::stats::Stats;
+use crate::url::CANDIDATES_MARKER;
 use crate::watch_hub::{DeletionWatch, Fired, WatchHub};
 
 /// etcd leases are whole seconds; the server raises anything shorter than its own minimum
@@ -37,7 +39,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause between attempts when a requeueing candidate hits a backend error.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
+/// etcd's `MaxLeaseTTL`: the server refuses a grant above it ("too large lease TTL"). A TTL
+/// above it is bad input, rejected when the election is made rather than at the first grant.
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
+
 pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
+    if ttl > MAX_TTL {
+        return Err(Error::Unsupported(format!(
+            "ttl {} is above etcd's maximum lease ttl of {}s",
+            baton_core::format_duration(ttl),
+            MAX_TTL.as_secs()
+        )));
+    }
     if ttl.subsec_nanos() != 0 {
         return Err(Error::Unsupported(format!(
             "ttl {} is not a whole number of seconds (etcd leases have whole-second TTLs)",
@@ -128,6 +141,10 @@ pub(crate) struct EtcdBackend {
     clock: Clock,
     leases: Mutex<HashMap<LeaseKey, Arc<EtcdLease>>>,
     next_candidate: AtomicU64,
+    /// The highest token seen elected per election, across this backend's candidacies: a new
+    /// entry at or below it means etcd's revision went backwards (restored or wiped). One
+    /// number per election this process has led.
+    highest_tokens: std::sync::Mutex<HashMap<String, u64>>,
     pub(crate) stats: Arc<Stats>,
     /// Every candidate's deletion watches share this one stream.
     hub: WatchHub,
@@ -182,12 +199,24 @@ impl EtcdBackend {
             clock: Clock::new(),
             leases: Mutex::new(HashMap::new()),
             next_candidate: AtomicU64::new(0),
+            highest_tokens: std::sync::Mutex::new(HashMap::new()),
             stats,
         })
     }
 
-    fn election_prefix(&self, election: &str) -> String {
-        format!("{}/{}/", self.prefix, election)
+    /// `<prefix>/<election>/@candidates/`: every key of the election's candidates, and nothing
+    /// else, lies under it; every query of the election is scoped to it.
+    ///
+    /// Why it is unambiguous: an election name contains no `/` and is never the marker
+    /// [`CANDIDATES_MARKER`], and no segment of the prefix is the marker either (both checked
+    /// on input). Cut two scopes into `/`-separated segments: `prefix segments…, election,
+    /// marker`. If one scope were a prefix of another, the shorter one's marker would stand
+    /// where the longer one has a prefix segment or its election name, and the marker is
+    /// neither; so two scopes are equal (same prefix, same election) or disjoint. Without the
+    /// marker, prefix `/x/a` with election `e` and prefix `/x` with election `a` would share
+    /// `/x/a/e…`.
+    fn candidates_scope(&self, election: &str) -> String {
+        format!("{}/{}/{}/", self.prefix, election, CANDIDATES_MARKER)
     }
 
     /// A live lease with these settings, granting a new one if the last has expired.
@@ -209,11 +238,40 @@ impl EtcdBackend {
         };
         let (id_tx, id_rx) = tokio::sync::oneshot::channel();
         transport.on_grant = Some(id_tx);
-        let handle = start_lease(transport, config.clone(), self.clock).await?;
+        let handle = start_lease(transport, config.clone(), self.clock.clone()).await?;
         let id = id_rx.await.map_err(|_| Error::Closed)?;
         let lease = Arc::new(EtcdLease { id, handle });
         leases.insert(key, lease.clone());
         Ok(lease)
+    }
+
+    /// The highest token elected in `election` through this backend so far.
+    fn highest_token(&self, election: &str) -> Option<u64> {
+        let tokens = self
+            .highest_tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        tokens.get(election).copied()
+    }
+
+    fn note_token(&self, election: &str, token: u64) {
+        let mut tokens = self
+            .highest_tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let highest = tokens.entry(election.to_string()).or_default();
+        *highest = (*highest).max(token);
+    }
+
+    /// A candidacy is done with `lease`: if no other candidacy uses it, forget it, so that it
+    /// is revoked (when its last reference goes) rather than renewed for nobody.
+    async fn release_lease(&self, lease: Arc<EtcdLease>) {
+        let mut leases = self.leases.lock().await;
+        // Ours and the map's: no other candidacy holds it, and none can take it while we hold
+        // the lock (`lease` hands out clones under it).
+        if Arc::strong_count(&lease) == 2 {
+            leases.retain(|_, held| !Arc::ptr_eq(held, &lease));
+        }
     }
 
     pub(crate) async fn close(&self) {
@@ -249,7 +307,7 @@ impl EtcdBackend {
         let driver = CandidateDriver {
             backend: self.clone(),
             client: self.client.clone(),
-            prefix: self.election_prefix(&election),
+            prefix: self.candidates_scope(&election),
             election,
             id,
             serial,
@@ -258,8 +316,6 @@ impl EtcdBackend {
             lease: None,
             own_key: Vec::new(),
             predecessor: None,
-            predecessor_is_first: false,
-            first_in_line: false,
             own_watch: None,
             predecessor_watch: None,
             status: None,
@@ -270,6 +326,7 @@ impl EtcdBackend {
             resign_acks: Vec::new(),
             step_down_acks: Vec::new(),
             create_uncertain: false,
+            created_revision: 0,
         };
         tokio::spawn(driver.run());
     }
@@ -283,7 +340,7 @@ impl EtcdBackend {
         let response = request(
             &self.stats,
             "get leader",
-            client.get(self.election_prefix(election), Some(options)),
+            client.get(self.candidates_scope(election), Some(options)),
         )
         .await?;
         Ok(response.kvs().first().map(|kv| LeaderInfo {
@@ -297,7 +354,7 @@ impl EtcdBackend {
         election: String,
         tx: mpsc::Sender<Result<Option<LeaderInfo>>>,
     ) -> Result<()> {
-        let prefix = self.election_prefix(&election);
+        let prefix = self.candidates_scope(&election);
         let (members, revision) = self.snapshot(&prefix).await?;
         let backend = self.clone();
         tokio::spawn(async move {
@@ -448,7 +505,7 @@ impl EtcdBackend {
         let response = request(
             &self.stats,
             "find leader key",
-            client.get(self.election_prefix(election), Some(options)),
+            client.get(self.candidates_scope(election), Some(options)),
         )
         .await?;
         let Some(kv) = response.kvs().first() else {
@@ -622,7 +679,7 @@ impl LeaseTransport for EtcdLeaseTransport {
 struct CandidateDriver {
     backend: Arc<EtcdBackend>,
     client: Client,
-    /// `<prefix>/<election>/`.
+    /// `<prefix>/<election>/@candidates/`: the scope of every query of this election.
     prefix: String,
     election: String,
     id: String,
@@ -633,12 +690,6 @@ struct CandidateDriver {
     own_key: Vec<u8>,
     /// The key and create revision we wait behind.
     predecessor: Option<(Vec<u8>, i64)>,
-    /// Whether the predecessor was also the lowest key of the election when we looked: then
-    /// it is the only key ahead of us (keys created later sort after us), and its deletion
-    /// makes us leader without another read.
-    predecessor_is_first: bool,
-    /// Set when that deletion arrived: answer the next `FindPredecessor` without a request.
-    first_in_line: bool,
     /// The deletion of our own key.
     own_watch: Option<DeletionWatch>,
     /// The deletion of the key we wait behind.
@@ -654,6 +705,8 @@ struct CandidateDriver {
     step_down_acks: Vec<tokio::sync::oneshot::Sender<()>>,
     /// A create request failed without an answer: the key may exist. Deleted on giving up.
     create_uncertain: bool,
+    /// The revision of the last key we created (for the error when it was too low).
+    created_revision: u64,
 }
 
 /// What woke the driver.
@@ -701,7 +754,6 @@ impl CandidateDriver {
                         .is_some_and(|(k, r)| *k == key && *r == revision)
                     {
                         self.backend.stats.wakeups.fetch_add(1, Ordering::Relaxed);
-                        self.first_in_line = self.predecessor_is_first;
                         self.core.handle_predecessor_deleted(revision as u64);
                     }
                 }
@@ -725,6 +777,9 @@ impl CandidateDriver {
         }
         for ack in self.resign_acks.drain(..) {
             let _ = ack.send(());
+        }
+        if let Some(lease) = self.lease.take() {
+            self.backend.release_lease(lease).await;
         }
     }
 
@@ -753,7 +808,10 @@ impl CandidateDriver {
     }
 
     async fn wait(&mut self) -> Wake {
-        let mut lease_view = self.lease.as_ref().map(|lease| lease.handle.view.clone());
+        let mut lease_view = self
+            .lease
+            .as_ref()
+            .map(|lease| lease.handle.watch.view.clone());
         let lease_over = async {
             match lease_view.as_mut() {
                 Some(view) => {
@@ -885,6 +943,11 @@ impl CandidateDriver {
     async fn create_key(&mut self) {
         self.drop_watches();
         self.predecessor = None;
+        // Tokens elected before our create is sent: our key must come out above them. (Not
+        // re-read per attempt: a retry may adopt a key created by an earlier attempt.)
+        if let Some(highest) = self.backend.highest_token(&self.election) {
+            self.core.handle_token_seen(highest);
+        }
         loop {
             match self.try_create_key().await {
                 Ok(revision) => {
@@ -900,6 +963,7 @@ impl CandidateDriver {
                     }
                     self.failures = 0;
                     self.create_uncertain = false;
+                    self.created_revision = revision as u64;
                     self.core.handle_key_created(revision as u64);
                     return;
                 }
@@ -1029,13 +1093,10 @@ impl CandidateDriver {
         Ok(())
     }
 
+    /// Always one transaction that also checks our own key, even when the predecessor's
+    /// deletion suggests we are first: the same revision may have deleted our key too (a
+    /// `del --prefix`, a shared lease revoked), and its event may not have reached us yet.
     async fn find_predecessor(&mut self, own_revision: i64) {
-        if std::mem::take(&mut self.first_in_line) {
-            // The only key ahead of us is gone; none can appear ahead of us later.
-            self.predecessor = None;
-            self.core.handle_predecessor(None);
-            return;
-        }
         loop {
             match self.try_find_predecessor(own_revision).await {
                 Ok(Some(found)) => {
@@ -1090,21 +1151,13 @@ impl CandidateDriver {
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_max_create_revision(own_revision - 1)
             .with_limit(1);
-        let first = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.own_key.clone(),
                 CompareOp::Equal,
                 own_revision,
             )])
-            .and_then([
-                TxnOp::get(self.prefix.clone(), Some(options)),
-                TxnOp::get(self.prefix.clone(), Some(first)),
-            ]);
+            .and_then([TxnOp::get(self.prefix.clone(), Some(options))]);
         let response = request(
             &self.backend.stats,
             "find predecessor",
@@ -1115,16 +1168,13 @@ impl CandidateDriver {
             return Ok(None);
         }
         let read_revision = response.header().map_or(0, |h| h.revision());
-        let mut gets = response.op_responses().into_iter().map(|op| match op {
+        let predecessor = response.op_responses().into_iter().find_map(|op| match op {
             TxnOpResponse::Get(get) => get
                 .kvs()
                 .first()
                 .map(|kv| (kv.key().to_vec(), kv.create_revision())),
             _ => None,
         });
-        let predecessor = gets.next().flatten();
-        let lowest = gets.next().flatten();
-        self.predecessor_is_first = predecessor.is_some() && predecessor == lowest;
         if let Some((key, _)) = &predecessor {
             if self.own_watch.is_none() {
                 // Our key exists as of `read_revision` (the transaction checked it).
@@ -1157,6 +1207,7 @@ impl CandidateDriver {
             return;
         }
         let lease = self.lease.as_ref().expect("elected under a lease");
+        self.backend.note_token(&self.election, token);
         let (status_tx, status_rx) = watch::channel(Status::Leading);
         self.status = Some(status_tx);
         let leadership = Leadership::new(
@@ -1164,7 +1215,7 @@ impl CandidateDriver {
             self.id.clone(),
             token,
             status_rx,
-            lease.handle.view.clone(),
+            lease.handle.watch.clone(),
             self.commands.clone(),
             GuardContext::Etcd {
                 client: self.client.clone(),
@@ -1182,7 +1233,16 @@ impl CandidateDriver {
         if let Some(status) = self.status.take() {
             status.send_replace(Status::Lost(reason));
         }
-        if !was_leading && !self.config.requeue {
+        if reason == LossReason::TokenRegressed {
+            // Final even with requeue: the caller must hear why.
+            let error = Error::TokenRegressed {
+                election: self.election.clone(),
+                token: self.created_revision,
+                highest: self.core.highest_token().unwrap_or_default(),
+            };
+            tracing::warn!(election = %self.election, %error, "candidacy ended");
+            let _ = self.leaderships.try_send(Box::new(Err(error)));
+        } else if !was_leading && !self.config.requeue {
             let _ = self
                 .leaderships
                 .try_send(Box::new(Err(Error::CampaignLost(reason))));
@@ -1234,5 +1294,22 @@ impl CandidateDriver {
         )
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_above_etcds_maximum_is_unsupported() {
+        assert!(validate_ttl(MAX_TTL).is_ok());
+        let error = validate_ttl(MAX_TTL + Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(error, Error::Unsupported(_)), "{error:?}");
+        assert_eq!(
+            error.to_string(),
+            "ttl 9000000001s is above etcd's maximum lease ttl of 9000000000s"
+        );
+        assert!(!error.to_string().contains('\n'));
     }
 }

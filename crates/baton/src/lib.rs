@@ -4,9 +4,10 @@
 //! *before* any rival can win ([`Leadership::lost`]), resign, and observe the current leader.
 //!
 //! Two rules make it safe:
-//! 1. A holder stops acting at a local deadline measured on its own monotonic clock from the
-//!    send time of its last acknowledged renewal, shrunk for clock drift and a safety margin, so
-//!    it stops before the server could expire its lease and let a rival win.
+//! 1. A holder stops acting at a local deadline measured on its own clock from the send time of
+//!    its last acknowledged renewal, shrunk for clock drift and a safety margin, so it stops
+//!    before the server could expire its lease and let a rival win. That clock counts time the
+//!    host spent suspended (`CLOCK_BOOTTIME`), as the server's lease does.
 //! 2. Every leadership carries a fencing token that strictly increases per election; resources
 //!    admit only tokens at least as high as any they have seen ([`Fence`],
 //!    [`Leadership::guarded_put`]).

@@ -3,6 +3,11 @@
 //! It publishes the lease's local deadline on a watch channel. Leaderships do not rely on this
 //! task waking up in time: each one arms its own timer at the published deadline (see
 //! [`crate::Leadership::lost`]), so a slow driver can delay renewals but never extend leadership.
+//!
+//! Deadlines are on the [`Clock`]'s timeline, which counts time the host spent suspended. tokio's
+//! timers do not, so the driver also waits on an [`Alarm`] (a `CLOCK_BOOTTIME` timer) at its
+//! next timeout: after a resume past the deadline it declares the lease over at once, and every
+//! holder's `lost()` resolves.
 
 use std::future::Future;
 use std::time::Duration;
@@ -10,16 +15,17 @@ use std::time::Duration;
 use baton_core::{ElectionConfig, LeaseAction, LeaseCore};
 use tokio::sync::{oneshot, watch};
 
-use crate::clock::Clock;
+use crate::clock::{Alarm, Clock};
 use crate::error::{Error, Result};
 
 /// What holders see of a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LeaseView {
-    /// Holders may act until `deadline` (tokio clock).
+    /// Holders may act until `deadline` (on the lease's [`Clock`], which counts suspended
+    /// time).
     Live {
         /// The local deadline.
-        deadline: tokio::time::Instant,
+        deadline: baton_core::Instant,
     },
     /// Over: expired, gone at the server, or revoked.
     Over,
@@ -38,10 +44,36 @@ pub(crate) trait LeaseTransport: Send + 'static {
     fn revoke(&mut self) -> impl Future<Output = Result<()>> + Send;
 }
 
+/// What a holder keeps of a lease: its view, and the clock its deadline is on.
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseWatch {
+    pub(crate) view: watch::Receiver<LeaseView>,
+    pub(crate) clock: Clock,
+}
+
+impl LeaseWatch {
+    /// Whether the lease is live and its deadline has not passed, counting suspended time.
+    pub(crate) fn is_live(&self) -> bool {
+        match *self.view.borrow() {
+            LeaseView::Live { deadline } => self.clock.now() < deadline,
+            LeaseView::Over => false,
+        }
+    }
+
+    /// The deadline as a tokio instant: now plus the time remaining on the lease's timeline
+    /// (already past after a resume from a suspend beyond it). `None` once the lease is over.
+    pub(crate) fn tokio_deadline(&self) -> Option<tokio::time::Instant> {
+        match *self.view.borrow() {
+            LeaseView::Live { deadline } => Some(self.clock.to_tokio(deadline)),
+            LeaseView::Over => None,
+        }
+    }
+}
+
 /// A running lease: its view and the means to end it.
 #[derive(Debug)]
 pub(crate) struct LeaseHandle {
-    pub(crate) view: watch::Receiver<LeaseView>,
+    pub(crate) watch: LeaseWatch,
     revoke: std::sync::Mutex<Option<oneshot::Sender<End>>>,
 }
 
@@ -56,10 +88,7 @@ enum End {
 
 impl LeaseHandle {
     pub(crate) fn is_live(&self) -> bool {
-        match *self.view.borrow() {
-            LeaseView::Live { deadline } => tokio::time::Instant::now() < deadline,
-            LeaseView::Over => false,
-        }
+        self.watch.is_live()
     }
 
     /// Ends the lease: holders see it over at once, then the driver revokes it at the server.
@@ -85,7 +114,7 @@ impl LeaseHandle {
     /// itself is bounded by a timeout).
     pub(crate) async fn revoke(&self) {
         self.request_revoke();
-        let mut view = self.view.clone();
+        let mut view = self.watch.view.clone();
         // The driver drops its sender when it is done.
         while view.changed().await.is_ok() {}
     }
@@ -131,14 +160,21 @@ pub(crate) async fn start_lease<T: LeaseTransport>(
             after_ms: grant_timeout.as_millis() as u64,
         });
     }
-    let deadline = clock.to_tokio(core.deadline().expect("granted"));
+    let deadline = core.deadline().expect("granted");
     let (view_tx, view) = watch::channel(LeaseView::Live { deadline });
     let (revoke_tx, revoke_rx) = oneshot::channel();
+    let alarm = clock.alarm();
     tokio::spawn(drive_lease(
-        transport, core, config, clock, view_tx, revoke_rx,
+        transport,
+        core,
+        config,
+        alarm,
+        clock.clone(),
+        view_tx,
+        revoke_rx,
     ));
     Ok(LeaseHandle {
-        view,
+        watch: LeaseWatch { view, clock },
         revoke: std::sync::Mutex::new(Some(revoke_tx)),
     })
 }
@@ -147,6 +183,7 @@ async fn drive_lease<T: LeaseTransport>(
     mut transport: T,
     mut core: LeaseCore,
     config: ElectionConfig,
+    mut alarm: Alarm,
     clock: Clock,
     view_tx: watch::Sender<LeaseView>,
     mut revoke_rx: oneshot::Receiver<End>,
@@ -177,19 +214,22 @@ async fn drive_lease<T: LeaseTransport>(
             }
         }
         if let Some(deadline) = core.deadline() {
-            let live = LeaseView::Live {
-                deadline: clock.to_tokio(deadline),
-            };
+            let live = LeaseView::Live { deadline };
             view_tx.send_if_modified(|view| {
                 let changed = *view != live;
                 *view = live;
                 changed
             });
         }
-        let wake = core
-            .poll_timeout()
+        let timeout = core.poll_timeout();
+        let wake = timeout
             .map(|at| clock.to_tokio(at))
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+        // tokio's timer does not count a suspend; the alarm does, so a timeout that passed while
+        // the host slept is handled as soon as it wakes.
+        if let Some(at) = timeout {
+            alarm.arm(at);
+        }
         tokio::select! {
             biased;
             end = &mut revoke_rx, if revoke_open => {
@@ -202,6 +242,7 @@ async fn drive_lease<T: LeaseTransport>(
                 core.revoke(clock.now());
             }
             _ = tokio::time::sleep_until(wake) => core.handle_timeout(clock.now()),
+            _ = alarm.fired() => core.handle_timeout(clock.now()),
             answer = transport.next_renewal() => match answer {
                 Ok(ttl) => core.handle_renewed(clock.now(), ttl),
                 Err(_) => core.handle_renew_failed(clock.now()),
@@ -306,11 +347,13 @@ mod tests {
 
     /// A modelled server and a lease granted by it over a link with this one-way latency.
     async fn granted(latency: Duration) -> (Arc<Mutex<Server>>, LeaseHandle) {
+        granted_on(latency, Clock::new()).await
+    }
+
+    async fn granted_on(latency: Duration, clock: Clock) -> (Arc<Mutex<Server>>, LeaseHandle) {
         let server = Arc::new(Mutex::new(Server::default()));
         let transport = Transport::new(server.clone(), latency);
-        let handle = start_lease(transport, config(), Clock::new())
-            .await
-            .unwrap();
+        let handle = start_lease(transport, config(), clock).await.unwrap();
         (server, handle)
     }
 
@@ -318,7 +361,7 @@ mod tests {
     /// that never reports anything itself.
     async fn local_loss(handle: &LeaseHandle) -> (Instant, baton_core::LossReason) {
         let (_status_tx, status) = watch::channel(crate::election::Status::Leading);
-        let reason = crate::election::wait_lost(status, handle.view.clone()).await;
+        let reason = crate::election::wait_lost(status, handle.watch.clone()).await;
         (Instant::now(), reason)
     }
 
@@ -348,7 +391,7 @@ mod tests {
         assert!(server_expiry - lost_at >= Duration::from_millis(120));
         // The driver reaches the same conclusion on its own timer.
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(*handle.view.borrow(), LeaseView::Over);
+        assert_eq!(*handle.watch.view.borrow(), LeaseView::Over);
     }
 
     #[tokio::test(start_paused = true)]
@@ -362,7 +405,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(6_000)).await;
         server.lock().unwrap().partitioned = false;
         tokio::time::sleep(Duration::from_millis(6_000)).await;
-        assert_eq!(*handle.view.borrow(), LeaseView::Over);
+        assert_eq!(*handle.watch.view.borrow(), LeaseView::Over);
         assert!(!handle.is_live());
         // A leadership under it stays lost after the heal.
         let (_, reason) = local_loss(&handle).await;
@@ -381,16 +424,67 @@ mod tests {
         // 700 ms each way: every answer is 1.4 s old when it arrives. The deadline must track
         // the send time, so the holder stays strictly inside the server's lease.
         let (server, handle) = granted(Duration::from_millis(700)).await;
-        let mut view = handle.view.clone();
+        let mut view = handle.watch.view.clone();
         for _ in 0..20 {
             if view.changed().await.is_err() {
                 break;
             }
             if let LeaseView::Live { deadline } = *view.borrow() {
+                let deadline = handle.watch.clock.to_tokio(deadline);
                 let server_expiry = server.lock().unwrap().expires_at.unwrap();
                 assert!(deadline < server_expiry);
             }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_suspend_longer_than_the_ttl_ends_leadership_at_once_on_resume() {
+        let (clock, suspended) = Clock::with_injected_suspend();
+        let (_server, handle) = granted_on(Duration::from_millis(5), clock).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let lease = handle.watch.clone();
+        let (_status_tx, status) = watch::channel(crate::election::Status::Leading);
+        let leading = || *status.borrow() == crate::election::Status::Leading && lease.is_live();
+        assert!(leading());
+        // What `Leadership::lost` runs, waiting on tokio's timer at the deadline.
+        let lost = tokio::spawn(crate::election::wait_lost(status.clone(), lease.clone()));
+        tokio::task::yield_now().await;
+        assert!(!lost.is_finished());
+        let resumed_at = Instant::now();
+        // The host was suspended for longer than the TTL: tokio's clock did not move.
+        suspended.send_replace(TTL + Duration::from_secs(1));
+        // Not leading from the first moment after the resume, and the deadline is in the past.
+        assert!(!leading());
+        assert!(!handle.is_live());
+        // (The driver has not run since: nothing was awaited.)
+        let deadline = lease.tokio_deadline().expect("still published as live");
+        assert!(deadline < resumed_at);
+        // `lost()` resolves without tokio's timers having to reach the deadline (the lease
+        // driver's suspend-aware alarm ends the lease).
+        let reason = lost.await.unwrap();
+        assert_eq!(reason, baton_core::LossReason::LeaseExpired);
+        assert_eq!(Instant::now(), resumed_at, "no tokio time passed");
+        assert_eq!(*handle.watch.view.borrow(), LeaseView::Over);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_suspend_only_shortens_the_time_left() {
+        let (clock, suspended) = Clock::with_injected_suspend();
+        let (server, handle) = granted_on(Duration::from_millis(5), clock).await;
+        // Renewals stop (say the host slept through them); then a 1 s suspend.
+        server.lock().unwrap().partitioned = true;
+        let partitioned_at = Instant::now();
+        suspended.send_replace(Duration::from_secs(1));
+        assert!(handle.is_live());
+        let (_, reason) = local_loss(&handle).await;
+        assert_eq!(reason, baton_core::LossReason::LeaseExpired);
+        // The local lease is 1880 ms from the last acknowledged send; one second of it passed
+        // during the suspend, so tokio's clock sees it end a second early.
+        let lost_after = Instant::now() - partitioned_at;
+        assert!(
+            lost_after > Duration::from_millis(800) && lost_after <= Duration::from_millis(880),
+            "{lost_after:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,6 +5,12 @@ use crate::error::{Error, Result};
 /// Default key prefix when the URL has no path.
 const DEFAULT_PREFIX: &str = "/baton";
 
+/// The segment between an election's name and its candidates' entries
+/// (`<prefix>/<election>/@candidates/<entry>`). It may be neither an election name nor a segment
+/// of the prefix, which is what keeps two elections' keys apart (see the etcd backend's
+/// `candidates_scope`).
+pub(crate) const CANDIDATES_MARKER: &str = "@candidates";
+
 /// A parsed backend URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendUrl {
@@ -71,6 +77,15 @@ impl BackendUrl {
         if prefix.contains("//") || prefix.chars().any(char::is_control) {
             return Err(invalid("prefix has empty segments or control characters"));
         }
+        if prefix
+            .split('/')
+            .any(|segment| segment == CANDIDATES_MARKER)
+        {
+            return Err(invalid(&format!(
+                "prefix must not contain the segment {CANDIDATES_MARKER:?} (reserved for the \
+                 candidates of an election)"
+            )));
+        }
         Ok(BackendUrl::Etcd { endpoints, prefix })
     }
 }
@@ -98,6 +113,12 @@ mod tests {
     }
 
     #[test]
+    fn the_marker_is_only_reserved_as_a_whole_segment() {
+        assert!(BackendUrl::parse("etcd://h:1/a/@candidatesx").is_ok());
+        assert!(BackendUrl::parse("etcd://h:1/a/x@candidates").is_ok());
+    }
+
+    #[test]
     fn rejects_bad_urls_with_a_reason() {
         for (url, needle) in [
             ("http://x:1", "unknown scheme"),
@@ -108,6 +129,8 @@ mod tests {
             ("etcd://:2379", "no host name"),
             ("zk://h:2181", "not available"),
             ("etcd://h:1/a//b", "empty segments"),
+            ("etcd://h:1/@candidates", "reserved"),
+            ("etcd://h:1/a/@candidates/b/", "reserved"),
         ] {
             let message = BackendUrl::parse(url).unwrap_err().to_string();
             assert!(message.contains(needle), "{url}: {message}");

@@ -18,7 +18,7 @@ fn url() -> String {
 /// Deletes the leader's key of `election` behind the library's back, as an operator would.
 async fn delete_leader_key(election: &str) {
     let mut client = etcd_client::Client::connect([etcd()], None).await.unwrap();
-    let prefix = format!("/baton-test/{election}/");
+    let prefix = format!("/baton-test/{election}/@candidates/");
     let options = etcd_client::GetOptions::new()
         .with_prefix()
         .with_sort(
@@ -29,6 +29,103 @@ async fn delete_leader_key(election: &str) {
     let response = client.get(prefix, Some(options)).await.unwrap();
     let key = response.kvs()[0].key().to_vec();
     client.delete(key, None).await.unwrap();
+}
+
+/// Deletes every candidate key of `election` in one revision (one `DeleteRange`), as
+/// `etcdctl del --prefix` would; returns that revision.
+async fn delete_all_keys(election: &str) -> u64 {
+    let mut client = etcd_client::Client::connect([etcd()], None).await.unwrap();
+    let prefix = format!("/baton-test/{election}/@candidates/");
+    let options = etcd_client::DeleteOptions::new().with_prefix();
+    let response = client.delete(prefix, Some(options)).await.unwrap();
+    assert_eq!(response.deleted(), 2, "the leader's key and the waiter's");
+    response.header().unwrap().revision() as u64
+}
+
+/// An etcd of this test's own, on free loopback ports, so it can be wiped without disturbing
+/// the shared one. Killed (and its data removed) when dropped.
+struct PrivateEtcd {
+    client_port: u16,
+    peer_port: u16,
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateEtcd {
+    async fn start() -> PrivateEtcd {
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let dir = std::env::temp_dir().join(conformance::unique("baton-private-etcd"));
+        let mut etcd = PrivateEtcd {
+            client_port: free_port(),
+            peer_port: free_port(),
+            dir,
+            child: None,
+        };
+        etcd.spawn().await;
+        etcd
+    }
+
+    fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// Starts etcd on an empty data directory and waits until it answers.
+    async fn spawn(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        std::fs::create_dir_all(&self.dir).unwrap();
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::File::create(self.dir.join("etcd.log")).unwrap();
+        let child = std::process::Command::new("etcd")
+            .arg("--name=private")
+            .arg(format!("--data-dir={}", self.dir.join("data").display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=private={peer}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd must be installed (scripts/test installs it)");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if let Ok(mut client) = etcd_client::Client::connect([self.endpoint()], None).await {
+                if client.status().await.is_ok() {
+                    return;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("private etcd did not start; see {}", self.dir.display());
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Replaces the server by a fresh one with an empty data directory on the same ports: its
+    /// revisions start again from 1.
+    async fn wipe(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+}
+
+impl Drop for PrivateEtcd {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 #[tokio::test]
@@ -89,6 +186,54 @@ async fn many_elections_share_one_lease() {
 #[tokio::test]
 async fn one_resign_wakes_exactly_one_of_50_waiters() {
     check_one_resign_wakes_exactly_one_waiter(&url(), 50).await;
+}
+
+#[tokio::test]
+async fn own_and_predecessor_deleted_at_once_never_elects_the_waiter() {
+    check_own_and_predecessor_deleted_at_once(&url(), delete_all_keys, 50).await;
+}
+
+#[tokio::test]
+async fn tokens_going_backwards_end_the_candidacy() {
+    let mut etcd = PrivateEtcd::start().await;
+    // Raise the revision well above what the fresh server will reach in this test.
+    let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    for i in 0..100 {
+        client.put("/filler", i.to_string(), None).await.unwrap();
+    }
+    let url = format!("etcd://{}/baton-test", etcd.endpoint());
+    check_tokens_going_backwards_end_the_candidacy(&url, async || etcd.wipe().await).await;
+}
+
+#[tokio::test]
+async fn no_renewals_once_every_candidacy_ended() {
+    check_no_renewals_once_every_candidacy_ended(&url()).await;
+}
+
+#[tokio::test]
+async fn nested_prefixes_are_independent() {
+    check_nested_prefixes_are_independent(&url()).await;
+}
+
+#[tokio::test]
+async fn ttl_above_etcds_maximum_is_rejected() {
+    let backend = baton::Backend::connect(&url()).await.unwrap();
+    let maximum = std::time::Duration::from_secs(9_000_000_000);
+    let at_maximum = baton::ElectionConfig::default().with_ttl(maximum);
+    assert!(baton::Election::new(&backend, "ttl", at_maximum).is_ok());
+    let above =
+        baton::ElectionConfig::default().with_ttl(maximum + std::time::Duration::from_secs(1));
+    match baton::Election::new(&backend, "ttl", above) {
+        Err(baton::Error::Unsupported(message)) => {
+            assert!(
+                message.contains("above etcd's maximum lease ttl"),
+                "{message}"
+            )
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
 }
 
 #[tokio::test]

@@ -20,6 +20,10 @@ pub enum LossReason {
     KeyDeleted,
     /// The backend failed in a way we could not recover from.
     BackendFailed,
+    /// Our new entry's revision is not above a token this election already issued: the
+    /// backend's history went backwards (restored from an older snapshot, or wiped). Final even
+    /// with requeue, since every new entry would get a low token too.
+    TokenRegressed,
 }
 
 impl std::fmt::Display for LossReason {
@@ -28,6 +32,10 @@ impl std::fmt::Display for LossReason {
             LossReason::LeaseExpired => "lease expired",
             LossReason::KeyDeleted => "leader key deleted",
             LossReason::BackendFailed => "backend failed",
+            LossReason::TokenRegressed => {
+                "fencing token went backwards (the backend was restored from an older snapshot \
+                 or wiped)"
+            }
         })
     }
 }
@@ -101,13 +109,17 @@ pub enum CandidateState {
 /// The sans-IO candidate.
 ///
 /// Call order: [`Candidate::campaign`]; then answer each [`Action`] with the matching
-/// `handle_*` input; report lease expiry with [`Candidate::handle_lease_expired`]; end with
-/// [`Candidate::resign`]. Drain [`Candidate::poll_action`] after every call. Time does not enter
-/// this core: deadlines belong to [`crate::LeaseCore`].
+/// `handle_*` input (tokens of this election seen elsewhere go in with
+/// [`Candidate::handle_token_seen`] before a `CreateKey` is sent); report lease expiry with
+/// [`Candidate::handle_lease_expired`]; end with [`Candidate::resign`]. Drain
+/// [`Candidate::poll_action`] after every call. Time does not enter this core: deadlines belong
+/// to [`crate::LeaseCore`].
 #[derive(Debug, Clone)]
 pub struct Candidate {
     requeue: bool,
     state: CandidateState,
+    /// The highest token this election is known to have issued: ours, or one seen elsewhere.
+    /// Every entry created later must have a higher revision.
     last_token: Option<u64>,
     actions: VecDeque<Action>,
 }
@@ -146,6 +158,11 @@ impl Candidate {
             CandidateState::Leading { token } => Some(token),
             _ => None,
         }
+    }
+
+    /// The highest token this election is known to have issued (ours or seen elsewhere).
+    pub fn highest_token(&self) -> Option<u64> {
+        self.last_token
     }
 
     /// Whether the candidacy is over for good.
@@ -192,6 +209,13 @@ impl Candidate {
 
     // Inputs.
 
+    /// A leader of this election held `token` (seen by another candidacy of this process, say).
+    /// Only tokens seen before the current `CreateKey` request was sent may be reported: the
+    /// entry it creates must then have a higher revision, or the backend went backwards.
+    pub fn handle_token_seen(&mut self, token: u64) {
+        self.last_token = self.last_token.max(Some(token));
+    }
+
     /// Our entry exists with `revision`.
     pub fn handle_key_created(&mut self, revision: u64) {
         if self.state != CandidateState::Creating {
@@ -200,6 +224,10 @@ impl Candidate {
                 self.actions.push_back(Action::DeleteKey { revision });
             }
             return;
+        }
+        if self.last_token.is_some_and(|last| revision <= last) {
+            // A healthy backend gives a new entry a revision above every token issued before.
+            return self.become_regressed(revision);
         }
         self.become_positioning(revision);
     }
@@ -283,12 +311,26 @@ impl Candidate {
     }
 
     fn become_leading(&mut self, token: u64) {
-        if let Some(last) = self.last_token {
-            assert!(token > last, "tokens strictly increase within an election");
-        }
+        // Checked against the server's answer in `handle_key_created` (a typed loss there);
+        // `last_token` only grows before a create, so here it holds by construction.
+        debug_assert!(
+            self.last_token.is_none_or(|last| token > last),
+            "tokens strictly increase within an election"
+        );
         self.last_token = Some(token);
         self.state = CandidateState::Leading { token };
         self.actions.push_back(Action::Elected { token });
+    }
+
+    /// Our new entry's revision is not above an issued token: remove the entry and stop for
+    /// good, requeue or not (every new entry would get a low token too).
+    fn become_regressed(&mut self, revision: u64) {
+        self.actions.push_back(Action::Lost {
+            reason: LossReason::TokenRegressed,
+            was_leading: false,
+        });
+        self.actions.push_back(Action::DeleteKey { revision });
+        self.state = CandidateState::Lost(LossReason::TokenRegressed);
     }
 
     /// `delete_own`: whether our entry may still exist and should be removed.
@@ -546,14 +588,82 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "tokens strictly increase")]
-    fn a_token_that_does_not_increase_is_a_bug() {
+    fn tokens_going_backwards_end_the_candidacy_even_with_requeue() {
+        // The backend was wiped or restored while we led with 7: the requeued entry gets 5.
         let mut core = Candidate::new(true);
         core.campaign();
         core.handle_key_created(7);
         core.handle_predecessor(None);
         core.handle_key_deleted();
+        assert_eq!(
+            drain(&mut core),
+            vec![
+                Action::CreateKey,
+                Action::FindPredecessor { own_revision: 7 },
+                Action::Elected { token: 7 },
+                Action::Lost {
+                    reason: LossReason::KeyDeleted,
+                    was_leading: true
+                },
+                Action::CreateKey
+            ]
+        );
         core.handle_key_created(5);
+        assert_eq!(
+            drain(&mut core),
+            vec![
+                Action::Lost {
+                    reason: LossReason::TokenRegressed,
+                    was_leading: false
+                },
+                Action::DeleteKey { revision: 5 }
+            ]
+        );
+        assert_eq!(
+            core.state(),
+            CandidateState::Lost(LossReason::TokenRegressed)
+        );
+        assert!(core.is_finished());
+        assert_eq!(core.highest_token(), Some(7));
+        // Nothing revives it: a late answer neither elects nor requeues.
         core.handle_predecessor(None);
+        core.handle_lease_expired();
+        assert_eq!(drain(&mut core), vec![]);
+        // An equal revision is no increase either.
+        let mut core = Candidate::new(true);
+        core.handle_token_seen(9);
+        core.campaign();
+        core.handle_key_created(9);
+        assert_eq!(
+            drain(&mut core),
+            vec![
+                Action::CreateKey,
+                Action::Lost {
+                    reason: LossReason::TokenRegressed,
+                    was_leading: false
+                },
+                Action::DeleteKey { revision: 9 }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_token_seen_elsewhere_raises_the_floor_and_higher_entries_lead() {
+        let mut core = Candidate::new(false);
+        core.handle_token_seen(40);
+        core.handle_token_seen(12);
+        assert_eq!(core.highest_token(), Some(40));
+        core.campaign();
+        core.handle_key_created(41);
+        core.handle_predecessor(None);
+        assert_eq!(
+            drain(&mut core),
+            vec![
+                Action::CreateKey,
+                Action::FindPredecessor { own_revision: 41 },
+                Action::Elected { token: 41 }
+            ]
+        );
+        assert_eq!(core.highest_token(), Some(41));
     }
 }

@@ -9,7 +9,8 @@
 //!          − safety margin                   // time to actually stop the protected work
 //! ```
 //!
-//! measured on the holder's own monotonic clock. At that instant [`LeaseCore`] emits
+//! measured on the holder's own clock (one that keeps counting while the host is suspended, as
+//! the server's lease does). At that instant [`LeaseCore`] emits
 //! [`Action::Expired`] even if the server has said nothing; a rival can only win after the
 //! server-side expiry, which is later. A late acknowledgement can only move the deadline to its
 //! own send time plus the shrunk TTL, so it never stretches a lease past what the server granted.

@@ -336,3 +336,255 @@ pub async fn check_requeue_resigning_a_term_campaigns_again(url: &str) {
     .await;
     assert!(!second.is_leading());
 }
+
+/// Backend prefix `P/x` with election `e`, and prefix `P` with election `x`: two elections
+/// whose names nest must never see each other's candidates.
+pub async fn check_nested_prefixes_are_independent(url: &str) {
+    let outer_name = unique("nest");
+    let inner_url = format!("{}/{outer_name}", url.trim_end_matches('/'));
+    let outer_backend = Backend::connect(url).await.unwrap();
+    let inner_backend = Backend::connect(&inner_url).await.unwrap();
+    let outer = Election::new(&outer_backend, &outer_name, config()).unwrap();
+    let inner = Election::new(&inner_backend, "e", config()).unwrap();
+    let inner_lead = within(
+        "inner campaign",
+        Duration::from_secs(3),
+        inner.campaign("inner"),
+    )
+    .await
+    .unwrap();
+    // The outer election has no leader: the inner one's key is not its candidate.
+    assert_eq!(outer.leader().await.unwrap(), None);
+    let outer_lead = within(
+        "outer campaign",
+        Duration::from_secs(3),
+        outer.campaign("outer"),
+    )
+    .await
+    .unwrap();
+    assert!(inner_lead.is_leading() && outer_lead.is_leading());
+    assert_eq!(
+        inner.leader().await.unwrap(),
+        Some(LeaderInfo {
+            id: "inner".into(),
+            token: inner_lead.token()
+        })
+    );
+    assert_eq!(
+        outer.leader().await.unwrap(),
+        Some(LeaderInfo {
+            id: "outer".into(),
+            token: outer_lead.token()
+        })
+    );
+    // A write fenced by one election's token is refused under the other election.
+    let data_key = format!("/baton-test-data/{outer_name}");
+    for (election, foreign) in [(&outer, inner_lead.token()), (&inner, outer_lead.token())] {
+        match election.guarded_put(foreign, &data_key, "foreign").await {
+            Err(Error::Fenced { token, .. }) => assert_eq!(token, foreign),
+            other => panic!("{}: expected Fenced, got {other:?}", election.name()),
+        }
+    }
+    outer
+        .guarded_put(outer_lead.token(), &data_key, "outer")
+        .await
+        .unwrap();
+    inner
+        .guarded_put(inner_lead.token(), &data_key, "inner")
+        .await
+        .unwrap();
+    // Each observer sees only its own election's leader.
+    let mut outer_observer = outer.observe().await.unwrap();
+    assert_eq!(
+        outer_observer.next().await.unwrap().map(|leader| leader.id),
+        Some("outer".into())
+    );
+    inner_lead.resign().await;
+    outer_lead.resign().await;
+    let seen = within(
+        "outer observer",
+        Duration::from_secs(2),
+        outer_observer.next(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        seen, None,
+        "the inner resign must not reach the outer observer"
+    );
+}
+
+/// A leader's and its waiter's entries deleted in one step (`etcdctl del --prefix`, a shared
+/// lease revoked): the waiter's own deletion wins over its predecessor's, so it never reports a
+/// leadership for an entry already gone. `delete_all` deletes every entry of the election at
+/// once and returns the backend's revision of that deletion.
+pub async fn check_own_and_predecessor_deleted_at_once(
+    url: &str,
+    delete_all: impl AsyncFn(&str) -> u64,
+    rounds: usize,
+) {
+    let leader_backend = Backend::connect(url).await.unwrap();
+    let waiter_backend = Backend::connect(url).await.unwrap();
+    for round in 0..rounds {
+        let requeue = round % 2 == 1;
+        let name = unique(&format!("both{round}"));
+        let leader = Election::new(&leader_backend, &name, config()).unwrap();
+        let waiter = Election::new(&waiter_backend, &name, config().with_requeue(requeue)).unwrap();
+        let leadership = leader.campaign("leader").await.unwrap();
+        let mut candidacy = waiter.candidacy("waiter").unwrap();
+        let first = tokio::spawn(async move {
+            let result = candidacy.next().await;
+            (candidacy, result)
+        });
+        // Let the waiter queue behind the leader.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !first.is_finished(),
+            "round {round}: the waiter led too soon"
+        );
+        let deleted_at = delete_all(&name).await;
+        assert_eq!(
+            within("leader's loss", Duration::from_secs(3), leadership.lost()).await,
+            LossReason::KeyDeleted,
+            "round {round}"
+        );
+        let (mut candidacy, result) = within("waiter's answer", Duration::from_secs(3), first)
+            .await
+            .unwrap();
+        if requeue {
+            // Campaigning again is right; leading on the deleted entry is not.
+            let second = result.unwrap();
+            assert!(
+                second.token() > deleted_at,
+                "round {round}: leadership with token {} for an entry deleted at {deleted_at}",
+                second.token()
+            );
+            second.resign().await;
+            candidacy.resign().await;
+        } else {
+            match result {
+                Err(Error::CampaignLost(LossReason::KeyDeleted)) => {}
+                Ok(leadership) => panic!(
+                    "round {round}: leadership with token {} for an entry deleted at {deleted_at}",
+                    leadership.token()
+                ),
+                Err(other) => panic!("round {round}: expected KeyDeleted, got {other:?}"),
+            }
+            // Nothing more comes from that candidacy.
+            let rest = within("end", Duration::from_secs(3), candidacy.next()).await;
+            assert!(rest.is_err(), "round {round}: {rest:?}");
+        }
+    }
+}
+
+/// The backend's history goes backwards under a requeueing leader (`rewind` restores an older
+/// snapshot or wipes it, keeping the URL): the candidacy must end with
+/// [`Error::TokenRegressed`] instead of campaigning with ever lower tokens, a new candidacy in
+/// the same process must hear the same, nothing may panic, and no lease may be renewed for the
+/// candidacies that ended.
+pub async fn check_tokens_going_backwards_end_the_candidacy(url: &str, rewind: impl AsyncFnOnce()) {
+    let backend = Backend::connect(url).await.unwrap();
+    let name = unique("rewound");
+    let election = Election::new(&backend, &name, config().with_requeue(true)).unwrap();
+    let mut candidacy = election.candidacy("a").unwrap();
+    let first = within("first term", Duration::from_secs(5), candidacy.next())
+        .await
+        .unwrap();
+    let token = first.token();
+    rewind().await;
+    // The term ends (its lease and key are gone)...
+    within(
+        "loss of the first term",
+        Duration::from_secs(10),
+        first.lost(),
+    )
+    .await;
+    assert!(!first.is_leading());
+    // ...and the candidacy stops for good, saying why.
+    let error = match within(
+        "end of the candidacy",
+        Duration::from_secs(15),
+        candidacy.next(),
+    )
+    .await
+    {
+        Err(error) => error,
+        Ok(leadership) => panic!(
+            "a leadership with token {} after one with {token}",
+            leadership.token()
+        ),
+    };
+    match &error {
+        Error::TokenRegressed {
+            election,
+            token: new,
+            highest,
+        } => {
+            assert_eq!(election, &name);
+            assert_eq!(*highest, token);
+            assert!(new <= highest, "{new} > {highest}");
+        }
+        other => panic!("expected TokenRegressed, got {other:?}"),
+    }
+    let message = error.to_string();
+    for needle in ["went backwards", "restored", "wiped", "fence"] {
+        assert!(message.contains(needle), "{message}");
+    }
+    assert!(
+        within("after the end", Duration::from_secs(2), candidacy.next())
+            .await
+            .is_err(),
+        "nothing more from an ended candidacy"
+    );
+    // Another candidacy in this process knows the old tokens too.
+    match within(
+        "second candidacy",
+        Duration::from_secs(5),
+        election.campaign("b"),
+    )
+    .await
+    {
+        Err(Error::TokenRegressed { highest, .. }) => assert_eq!(highest, token),
+        Err(other) => panic!("expected TokenRegressed, got {other:?}"),
+        Ok(leadership) => panic!(
+            "a leadership with token {} after one with {token}",
+            leadership.token()
+        ),
+    }
+    // The low keys are deleted.
+    within("no leader", Duration::from_secs(2), async {
+        while election.leader().await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // Nothing keeps renewing a lease for candidacies that are over.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let renewals = backend.stats().renewals;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(backend.stats().renewals, renewals, "renewals after the end");
+}
+
+/// A lease is renewed while a candidacy uses it, and no longer once the last one has ended.
+pub async fn check_no_renewals_once_every_candidacy_ended(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let election = Election::new(&backend, &unique("idle"), config()).unwrap();
+    let leadership = election.campaign("a").await.unwrap();
+    let before = backend.stats().renewals;
+    // TTL 2 s: a renewal every 667 ms.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(backend.stats().renewals > before, "renewed while leading");
+    leadership.resign().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = backend.stats().renewals;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert_eq!(
+        backend.stats().renewals,
+        after,
+        "renewals with no candidacy left"
+    );
+    // A later campaign gets a lease again.
+    let again = election.campaign("a").await.unwrap();
+    assert!(again.is_leading());
+    again.resign().await;
+}
