@@ -363,19 +363,51 @@ fn all_processes() -> Vec<Process> {
 }
 
 /// Every descendant of `root` (not `root` itself), zombies included.
+///
+/// Walks `/proc/PID/task/TID/children`, which costs the size of the tree, not of the host;
+/// kernels without it (no `CONFIG_PROC_CHILDREN`) get a scan of every process.
 pub fn descendants(root: i32) -> Vec<Process> {
-    let all = all_processes();
+    static HAS_CHILDREN_FILES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let fast = *HAS_CHILDREN_FILES.get_or_init(|| {
+        let me = std::process::id();
+        std::path::Path::new(&format!("/proc/{me}/task/{me}/children")).exists()
+    });
     let mut found: Vec<Process> = Vec::new();
+    let all = if fast { Vec::new() } else { all_processes() };
     let mut frontier = vec![root];
     while let Some(parent) = frontier.pop() {
-        for child in all.iter().filter(|p| p.parent == parent) {
+        let children: Vec<Process> = if fast {
+            children_of(parent)
+                .into_iter()
+                .filter_map(process)
+                .collect()
+        } else {
+            all.iter().filter(|p| p.parent == parent).copied().collect()
+        };
+        for child in children {
             if child.pid != root && !found.iter().any(|f| f.pid == child.pid) {
-                found.push(*child);
+                found.push(child);
                 frontier.push(child.pid);
             }
         }
     }
     found
+}
+
+/// The children of every thread of `pid` (none if it is gone).
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
 }
 
 /// Sends `signal` to every live descendant of `root` except `skip`; returns how many there were.
