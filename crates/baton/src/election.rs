@@ -112,17 +112,30 @@ impl Election {
         &self.config
     }
 
-    /// Campaigns once as `id` and returns when elected. Fails if the candidacy ends first.
-    /// The returned [`Leadership`] resigns when dropped.
+    /// Campaigns for one term of office as `id` and returns when elected. Fails if the
+    /// campaign ends first. The returned [`Leadership`] resigns when dropped, and that ends it:
+    /// requeue does not apply here (it needs a [`Candidacy`] to receive the next term).
+    ///
+    /// Cancel-safe: dropping the future leaves the queue.
     pub async fn campaign(&self, id: &str) -> Result<Leadership> {
-        let mut candidacy = self.candidacy(id)?;
+        let mut candidacy = self.start_candidacy(id, false)?;
         candidacy.next().await
     }
 
     /// Starts a candidacy as `id`. With `requeue` in the config it campaigns again after each
-    /// loss, yielding one [`Leadership`] per term of office from [`Candidacy::next`].
+    /// loss or resigned term, yielding one [`Leadership`] per term from [`Candidacy::next`].
+    ///
+    /// The rule of requeue: **a candidacy campaigns for a new term only while its `Candidacy`
+    /// exists.** Dropping the `Candidacy` stops campaigning; a term already won lives on in its
+    /// [`Leadership`] and, when that ends, nothing campaigns again. To stop everything at once,
+    /// current term included, call [`Candidacy::resign`].
     pub fn candidacy(&self, id: &str) -> Result<Candidacy> {
+        self.start_candidacy(id, self.config.requeue)
+    }
+
+    fn start_candidacy(&self, id: &str, requeue: bool) -> Result<Candidacy> {
         validate_name("candidate id", id)?;
+        let config = self.config.clone().with_requeue(requeue);
         let (leaderships_tx, leaderships) = mpsc::channel(1);
         let (commands, commands_rx) = mpsc::channel(4);
         match self.backend.kind() {
@@ -130,7 +143,7 @@ impl Election {
             BackendKind::Etcd(etcd) => etcd.spawn_candidate(
                 self.name.clone(),
                 id.to_string(),
-                self.config.clone(),
+                config,
                 commands_rx,
                 commands.clone(),
                 leaderships_tx,
@@ -201,7 +214,8 @@ fn validate_name(what: &'static str, value: &str) -> Result<()> {
 
 /// A running campaign that may yield several leaderships (with requeue).
 ///
-/// Dropping it stops campaigning (a current [`Leadership`] keeps its own handle).
+/// Dropping it stops campaigning: no new term is campaigned for, while a current
+/// [`Leadership`] keeps its own handle until it ends.
 #[derive(Debug)]
 pub struct Candidacy {
     /// Boxed: a channel allocates room for 32 items up front, and a candidacy mostly waits.
@@ -211,6 +225,8 @@ pub struct Candidacy {
 
 impl Candidacy {
     /// Waits for the next leadership. Errors when the candidacy ended without one.
+    ///
+    /// Cancel-safe: a leadership won while nobody was waiting is kept for the next call.
     pub async fn next(&mut self) -> Result<Leadership> {
         self.leaderships
             .recv()
@@ -218,8 +234,9 @@ impl Candidacy {
             .map_or(Err(Error::Closed), |slot| *slot)
     }
 
-    /// Stops campaigning and deletes our entry; waits until it is gone (at most 10 s: if the
-    /// backend is unreachable the entry goes with the lease instead).
+    /// Stops campaigning and deletes our entry, ending the current term if we lead; waits until
+    /// it is gone (at most 10 s: if the backend is unreachable the entry goes with the lease
+    /// instead). This is the way to shut a requeueing candidacy down.
     pub async fn resign(self) {
         let (ack, done) = oneshot::channel();
         let resign = Command::Resign {
@@ -338,8 +355,9 @@ impl Leadership {
 
     /// Resigns this term of office: deletes our entry so a successor can start at once, and
     /// waits until it is gone (at most 10 s). Without requeue that ends the candidacy; with
-    /// requeue the candidacy campaigns again ([`Candidacy::resign`] ends it for good). Dropping
-    /// a `Leadership` does the same without waiting.
+    /// requeue the candidacy campaigns again if its [`Candidacy`] still exists
+    /// ([`Candidacy::resign`] ends it for good). Dropping a `Leadership` does the same without
+    /// waiting.
     pub async fn resign(mut self) {
         self.resigned = true;
         let (ack, done) = oneshot::channel();

@@ -736,6 +736,12 @@ impl CandidateDriver {
                 break;
             }
             let wake = Box::pin(self.wait()).await;
+            // Requeue serves the `Candidacy` handle: once it is gone nobody can receive another
+            // term, so a loss or a resigned term must end the candidacy, never campaign again
+            // (a new term would be dropped at once, resign, campaign again, and so on forever).
+            if self.leaderships.is_closed() {
+                self.core.stop_requeue();
+            }
             match wake {
                 Wake::Command(command) => self.handle_command(command),
                 Wake::LeaseOver => self.core.handle_lease_expired(),
@@ -1224,8 +1230,9 @@ impl CandidateDriver {
         );
         if self.leaderships.try_send(Box::new(Ok(leadership))).is_err() {
             // Nobody is waiting for it (the candidacy was dropped): the leadership's own drop
-            // has queued a resign.
+            // has queued a resign, which must end the candidacy rather than requeue.
             tracing::debug!(election = %self.election, "leadership not collected; resigning");
+            self.core.stop_requeue();
         }
     }
 

@@ -259,3 +259,8 @@ async fn abandoned_campaign_leaves_the_queue() {
 async fn requeue_resigning_a_term_campaigns_again() {
     check_requeue_resigning_a_term_campaigns_again(&url()).await;
 }
+
+#[tokio::test]
+async fn requeue_never_spins() {
+    check_requeue_never_spins(&url()).await;
+}

@@ -207,6 +207,13 @@ impl Candidate {
         }
     }
 
+    /// Stops requeueing for good: nobody can receive another term (the owner's handle is
+    /// gone). From now on a loss ends the candidacy and [`Candidate::step_down`] resigns; the
+    /// current term, if any, is unaffected.
+    pub fn stop_requeue(&mut self) {
+        self.requeue = false;
+    }
+
     // Inputs.
 
     /// A leader of this election held `token` (seen by another candidacy of this process, say).
@@ -520,6 +527,37 @@ mod tests {
         // Resign ends the requeue loop.
         core.resign();
         assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 12 }]);
+        assert!(core.is_finished());
+    }
+
+    #[test]
+    fn after_stop_requeue_a_step_down_resigns_and_a_loss_is_final() {
+        let mut core = Candidate::new(true);
+        core.campaign();
+        core.handle_key_created(7);
+        core.handle_predecessor(None);
+        drain(&mut core);
+        core.stop_requeue();
+        // The current term goes on.
+        assert_eq!(core.state(), CandidateState::Leading { token: 7 });
+        core.step_down();
+        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 7 }]);
+        assert_eq!(core.state(), CandidateState::Resigned);
+
+        let mut core = Candidate::new(true);
+        core.campaign();
+        core.handle_key_created(9);
+        core.handle_predecessor(None);
+        drain(&mut core);
+        core.stop_requeue();
+        core.handle_key_deleted();
+        assert_eq!(
+            drain(&mut core),
+            vec![Action::Lost {
+                reason: LossReason::KeyDeleted,
+                was_leading: true
+            }]
+        );
         assert!(core.is_finished());
     }
 

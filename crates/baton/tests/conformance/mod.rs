@@ -588,3 +588,77 @@ pub async fn check_no_renewals_once_every_candidacy_ended(url: &str) {
     assert!(again.is_leading());
     again.resign().await;
 }
+
+/// After `scenario` ends the last handle that could take a term, nothing may campaign again:
+/// within a second there is no leader, and over the next second the backend sees (almost) no
+/// requests. A spinning requeue makes hundreds.
+async fn assert_quiet_after(backend: &Backend, election: &Election, what: &str) {
+    within(what, Duration::from_secs(2), async {
+        while election.leader().await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = backend.stats().requests;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let requests = backend.stats().requests - before;
+    assert!(
+        requests <= 3,
+        "{what}: {requests} requests in 1 s after it ended"
+    );
+    assert_eq!(election.leader().await.unwrap(), None, "{what}");
+}
+
+/// Requeue never restarts a campaign that nobody can receive: not after `campaign()` on a
+/// requeue config (its `Leadership` dropped or resigned), not after dropping a queued requeue
+/// `Candidacy`, not with the shutdown order "resign the term, then drop the candidacy", and not
+/// when the `Candidacy` was dropped while its term went on.
+pub async fn check_requeue_never_spins(url: &str) {
+    let requeue = || config().with_requeue(true);
+    let backend = Backend::connect(url).await.unwrap();
+
+    let election = Election::new(&backend, &unique("spin-drop"), requeue()).unwrap();
+    drop(election.campaign("a").await.unwrap());
+    assert_quiet_after(&backend, &election, "campaign() then drop").await;
+
+    let election = Election::new(&backend, &unique("spin-resign"), requeue()).unwrap();
+    election.campaign("a").await.unwrap().resign().await;
+    assert_quiet_after(&backend, &election, "campaign() then resign").await;
+
+    let election = Election::new(&backend, &unique("spin-queued"), requeue()).unwrap();
+    let holder = election.campaign("holder").await.unwrap();
+    let queued = election.candidacy("queued").unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(queued);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    holder.resign().await;
+    assert_quiet_after(&backend, &election, "queued candidacy dropped").await;
+
+    let election = Election::new(&backend, &unique("spin-order"), requeue()).unwrap();
+    let mut candidacy = election.candidacy("a").unwrap();
+    let leadership = candidacy.next().await.unwrap();
+    leadership.resign().await;
+    drop(candidacy);
+    assert_quiet_after(
+        &backend,
+        &election,
+        "resign the term, then drop the candidacy",
+    )
+    .await;
+
+    let election = Election::new(&backend, &unique("spin-held"), requeue()).unwrap();
+    let mut candidacy = election.candidacy("a").unwrap();
+    let leadership = candidacy.next().await.unwrap();
+    drop(candidacy);
+    // The term goes on without its candidacy...
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(leadership.is_leading());
+    assert_eq!(
+        election.leader().await.unwrap().map(|l| l.token),
+        Some(leadership.token())
+    );
+    // ...and ends for good with its leadership.
+    drop(leadership);
+    assert_quiet_after(&backend, &election, "candidacy dropped while leading").await;
+}
