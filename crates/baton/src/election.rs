@@ -8,8 +8,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::backend::{Backend, BackendKind};
 use crate::error::{Error, Result};
+use crate::fenced::{FencedTxn, FencedTxnResponse};
 use crate::session::{LeaseView, LeaseWatch};
 use crate::url::CANDIDATES_MARKER;
+
+/// Bound on a fenced operation, as on every other request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The current leader of an election, as anyone can observe it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -175,12 +179,20 @@ impl Election {
     }
 
     /// Writes `value` at `key` only if `token` still leads this election, atomically with the
-    /// check (fencing inside the coordination service). Fails with [`Error::Fenced`] otherwise.
+    /// check (fencing inside the coordination service). Fails with [`Error::Fenced`] otherwise,
+    /// and with [`Error::InvalidKey`] for a key inside baton's candidate entries.
     pub async fn guarded_put(&self, token: u64, key: &str, value: &str) -> Result<()> {
+        let txn = FencedTxn::new().then_put(key, value);
+        self.fenced_txn(token, txn).await.map(|_| ())
+    }
+
+    /// Runs `txn` only if `token` still leads this election, atomically with the check. Fails
+    /// with [`Error::Fenced`] otherwise. Bounded by the backend's request timeout.
+    pub async fn fenced_txn(&self, token: u64, txn: FencedTxn) -> Result<FencedTxnResponse> {
         match self.backend.kind() {
             #[cfg(feature = "etcd")]
             BackendKind::Etcd(etcd) => {
-                etcd.guarded_put_by_token(&self.name, token, key, value)
+                etcd.fenced_txn_by_token(&self.name, token, &txn, REQUEST_TIMEOUT)
                     .await
             }
         }
@@ -328,11 +340,47 @@ impl Leadership {
     /// Writes `value` at `key` in the coordination service only while this leadership holds,
     /// atomically with the check. Fails with [`Error::Fenced`] otherwise.
     pub async fn guarded_put(&self, key: &str, value: &str) -> Result<()> {
+        let txn = FencedTxn::new().then_put(key, value);
+        self.fenced_txn(txn).await.map(|_| ())
+    }
+
+    /// Reads `key` only while this leadership holds (a deposed leader must not act on what it
+    /// reads). `None` if the key does not exist.
+    pub async fn fenced_get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let response = self.fenced_txn(FencedTxn::new().then_get(key)).await?;
+        Ok(response.values.into_iter().next().flatten())
+    }
+
+    /// Deletes `key` only while this leadership holds; returns whether it existed.
+    pub async fn fenced_delete(&self, key: &str) -> Result<bool> {
+        // Absent: nothing to delete. Present: the comparison fails and the delete runs.
+        let txn = FencedTxn::new().when_value(key, None).otherwise_delete(key);
+        let response = self.fenced_txn(txn).await?;
+        Ok(!response.succeeded)
+    }
+
+    /// Runs `txn` (compare-and-swap: see [`FencedTxn`]) only while this leadership holds,
+    /// atomically with the check. Fails with [`Error::Fenced`] once it no longer holds.
+    /// Bounded by the backend's request timeout and by the local deadline.
+    ///
+    /// Cancel-safe in the sense that dropping it never leaves a partial transaction: it either
+    /// ran whole at the server or not at all (which, once sent, you cannot know).
+    pub async fn fenced_txn(&self, txn: FencedTxn) -> Result<FencedTxnResponse> {
+        let fenced = || Error::Fenced {
+            election: self.election.clone(),
+            token: self.token,
+        };
         if !self.is_leading() {
-            return Err(Error::Fenced {
-                election: self.election.clone(),
-                token: self.token,
-            });
+            return Err(fenced());
+        }
+        let left = self
+            .deadline()
+            .map_or(Duration::ZERO, |d| {
+                d.saturating_duration_since(tokio::time::Instant::now())
+            })
+            .min(REQUEST_TIMEOUT);
+        if left.is_zero() {
+            return Err(fenced());
         }
         match &self.guard {
             #[cfg(feature = "etcd")]
@@ -340,15 +388,13 @@ impl Leadership {
                 client,
                 key: leader_key,
             } => {
-                crate::etcd::guarded_put(
-                    client.clone(),
-                    &self.election,
-                    leader_key.clone(),
-                    self.token,
-                    key,
-                    value,
-                )
-                .await
+                let fence = crate::etcd::Fence {
+                    client: client.clone(),
+                    election: &self.election,
+                    leader_key: leader_key.clone(),
+                    token: self.token,
+                };
+                fence.run(&txn, left).await
             }
         }
     }

@@ -22,6 +22,14 @@ pub enum Error {
     /// The backend cannot do what the configuration asks.
     #[error("{0}")]
     Unsupported(String),
+    /// A key given to a fenced operation is not usable.
+    #[error("invalid key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key given.
+        key: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
     /// An election name or candidate id is not usable.
     #[error("invalid {what} {value:?}: {reason}")]
     InvalidName {

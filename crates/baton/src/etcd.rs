@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch, Mutex};
 use crate::clock::Clock;
 use crate::election::{Command, GuardContext, LeaderInfo, Leadership, Status};
 use crate::error::{Error, Result};
+use crate::fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
 use crate::session::{start_lease, LeaseHandle, LeaseTransport, LeaseView};
 use crate::stats::Stats;
 use crate::url::CANDIDATES_MARKER;
@@ -484,13 +485,15 @@ impl EtcdBackend {
         }
     }
 
-    pub(crate) async fn guarded_put_by_token(
+    /// Runs `txn` only while `token` leads `election` (found by its create revision).
+    pub(crate) async fn fenced_txn_by_token(
         &self,
         election: &str,
         token: u64,
-        key: &str,
-        value: &str,
-    ) -> Result<()> {
+        txn: &FencedTxn,
+        limit: Duration,
+    ) -> Result<FencedTxnResponse> {
+        txn.validate()?;
         let fenced = || Error::Fenced {
             election: election.to_string(),
             token,
@@ -502,7 +505,8 @@ impl EtcdBackend {
             .with_keys_only()
             .with_min_create_revision(revision)
             .with_max_create_revision(revision);
-        let response = request(
+        let response = request_within(
+            limit,
             &self.stats,
             "find leader key",
             client.get(self.candidates_scope(election), Some(options)),
@@ -511,15 +515,13 @@ impl EtcdBackend {
         let Some(kv) = response.kvs().first() else {
             return Err(fenced());
         };
-        guarded_put(
-            self.client.clone(),
+        let fence = Fence {
+            client: self.client.clone(),
             election,
-            kv.key().to_vec(),
+            leader_key: kv.key().to_vec(),
             token,
-            key,
-            value,
-        )
-        .await
+        };
+        fence.run(txn, limit).await
     }
 }
 
@@ -564,33 +566,83 @@ fn root_cause(error: &etcd_client::Error) -> String {
     }
 }
 
-/// Puts `key` = `value` only while `leader_key` still exists with create revision `token`.
-/// A key with that create revision exists only while its candidate leads: no key with a lower
-/// revision can appear later, so if it exists it is still the lowest.
-pub(crate) async fn guarded_put(
-    mut client: Client,
-    election: &str,
-    leader_key: Vec<u8>,
-    token: u64,
-    key: &str,
-    value: &str,
-) -> Result<()> {
-    let revision = i64::try_from(token).unwrap_or(i64::MAX);
-    let txn = Txn::new()
-        .when([Compare::create_revision(
-            leader_key,
-            CompareOp::Equal,
-            revision,
-        )])
-        .and_then([TxnOp::put(key, value, None)]);
-    let response = timed(REQUEST_TIMEOUT, "guarded put", client.txn(txn)).await?;
-    if response.succeeded() {
-        Ok(())
-    } else {
-        Err(Error::Fenced {
-            election: election.to_string(),
-            token,
+/// The fence of one leadership: its leader key, which exists with create revision `token`
+/// exactly while that leadership holds (no key with a lower revision can appear later, so if it
+/// exists it is still the lowest).
+pub(crate) struct Fence<'a> {
+    pub(crate) client: Client,
+    pub(crate) election: &'a str,
+    pub(crate) leader_key: Vec<u8>,
+    pub(crate) token: u64,
+}
+
+impl Fence<'_> {
+    /// Runs `txn` nested inside a transaction that checks the leader key first: one atomic
+    /// step, bounded by `limit`.
+    pub(crate) async fn run(&self, txn: &FencedTxn, limit: Duration) -> Result<FencedTxnResponse> {
+        txn.validate()?;
+        let revision = i64::try_from(self.token).unwrap_or(i64::MAX);
+        let compares: Vec<Compare> = txn
+            .compares
+            .iter()
+            .map(|compare| match compare {
+                FencedCompare::Value { key, value: None } => {
+                    Compare::create_revision(key.as_str(), CompareOp::Equal, 0)
+                }
+                FencedCompare::Value {
+                    key,
+                    value: Some(value),
+                } => Compare::value(key.as_str(), CompareOp::Equal, value.clone()),
+            })
+            .collect();
+        // An absent key has no value to compare: etcd's value comparison fails for it, which
+        // is the answer we want for "equals Some(..)".
+        let inner = Txn::new()
+            .when(compares)
+            .and_then(txn.then.iter().map(to_etcd_op).collect::<Vec<_>>())
+            .or_else(txn.otherwise.iter().map(to_etcd_op).collect::<Vec<_>>());
+        let outer = Txn::new()
+            .when([Compare::create_revision(
+                self.leader_key.clone(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::txn(inner)]);
+        let mut client = self.client.clone();
+        let response = timed(limit, "fenced transaction", client.txn(outer)).await?;
+        if !response.succeeded() {
+            return Err(Error::Fenced {
+                election: self.election.to_string(),
+                token: self.token,
+            });
+        }
+        let Some(TxnOpResponse::Txn(inner)) = response.op_responses().into_iter().next() else {
+            return Err(Error::Backend {
+                backend: "etcd",
+                operation: "fenced transaction",
+                detail: "the answer lacks the nested transaction".into(),
+            });
+        };
+        let values = inner
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get.kvs().first().map(|kv| kv.value().to_vec())),
+                _ => None,
+            })
+            .collect();
+        Ok(FencedTxnResponse {
+            succeeded: inner.succeeded(),
+            values,
         })
+    }
+}
+
+fn to_etcd_op(op: &FencedOp) -> TxnOp {
+    match op {
+        FencedOp::Put { key, value } => TxnOp::put(key.as_str(), value.clone(), None),
+        FencedOp::Delete { key } => TxnOp::delete(key.as_str(), None),
+        FencedOp::Get { key } => TxnOp::get(key.as_str(), None),
     }
 }
 

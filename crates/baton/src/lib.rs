@@ -23,6 +23,7 @@ mod election;
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod fenced;
 mod session;
 mod stats;
 mod url;
@@ -35,5 +36,6 @@ pub use baton_core::{
 };
 pub use election::{Candidacy, Election, LeaderInfo, Leadership, Observer};
 pub use error::{Error, Result};
+pub use fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
 pub use stats::StatsSnapshot;
 pub use url::BackendUrl;

@@ -2,6 +2,7 @@
 
 mod conformance;
 
+use baton::{Backend, Election, Error};
 use conformance::*;
 
 /// The etcd under test. Missing is a loud failure, never a skip.
@@ -263,4 +264,35 @@ async fn requeue_resigning_a_term_campaigns_again() {
 #[tokio::test]
 async fn requeue_never_spins() {
     check_requeue_never_spins(&url()).await;
+}
+
+#[tokio::test]
+async fn fenced_operations() {
+    check_fenced_operations(&url()).await;
+}
+
+/// A fenced operation never hangs on a stalled server: with etcd frozen (SIGSTOP) it returns
+/// within the leadership's local deadline (TTL 2 s), as `Timeout` or `Fenced`, not after the
+/// server comes back.
+#[tokio::test]
+async fn fenced_operations_are_bounded_while_etcd_is_stopped() {
+    let etcd = PrivateEtcd::start().await;
+    let backend = Backend::connect(&format!("etcd://{}/bounded", etcd.endpoint()))
+        .await
+        .unwrap();
+    let election = Election::new(&backend, "bounded", conformance::config()).unwrap();
+    let leadership = election.campaign("a").await.unwrap();
+    leadership.guarded_put("/bounded/x", "1").await.unwrap();
+    let pid = etcd.child.as_ref().unwrap().id() as i32;
+    // SAFETY: signals to the etcd this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let started = std::time::Instant::now();
+    let outcome = leadership.guarded_put("/bounded/x", "2").await;
+    let took = started.elapsed();
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert!(
+        matches!(outcome, Err(Error::Timeout { .. } | Error::Fenced { .. })),
+        "{outcome:?}"
+    );
+    assert!(took < std::time::Duration::from_secs(2), "took {took:?}");
 }

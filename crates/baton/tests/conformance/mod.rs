@@ -662,3 +662,77 @@ pub async fn check_requeue_never_spins(url: &str) {
     drop(leadership);
     assert_quiet_after(&backend, &election, "candidacy dropped while leading").await;
 }
+
+/// Fenced get, delete and compare-and-swap: they run only while the token leads, a lost
+/// compare is reported (with the value that made it fail), and keys inside baton's candidate
+/// entries, relative keys and empty keys are refused before anything is sent.
+pub async fn check_fenced_operations(url: &str) {
+    use baton::FencedTxn;
+    let backend = Backend::connect(url).await.unwrap();
+    let name = unique("fenced-ops");
+    let election = Election::new(&backend, &name, config()).unwrap();
+    let counter = format!("/baton-data/{name}/counter");
+    let a = election.campaign("a").await.unwrap();
+    assert_eq!(a.fenced_get(&counter).await.unwrap(), None);
+    // Read-modify-write: create if absent, then increment with compare-and-swap.
+    let created = a
+        .fenced_txn(
+            FencedTxn::new()
+                .when_value(&counter, None)
+                .then_put(&counter, "1"),
+        )
+        .await
+        .unwrap();
+    assert!(created.succeeded);
+    let stale_cas = FencedTxn::new()
+        .when_value(&counter, Some(b"0"))
+        .then_put(&counter, "1")
+        .otherwise_get(&counter);
+    let refused = a.fenced_txn(stale_cas).await.unwrap();
+    assert!(!refused.succeeded);
+    assert_eq!(refused.values, vec![Some(b"1".to_vec())]);
+    let cas = FencedTxn::new()
+        .when_value(&counter, Some(b"1"))
+        .then_put(&counter, "2")
+        .then_get(&counter);
+    let done = a.fenced_txn(cas).await.unwrap();
+    assert!(done.succeeded);
+    assert_eq!(done.values, vec![Some(b"2".to_vec())]);
+    assert_eq!(a.fenced_get(&counter).await.unwrap(), Some(b"2".to_vec()));
+    // Keys baton owns are refused, and nothing changes in the election.
+    for bad in [
+        format!("{}/{name}/@candidates/x", "/baton-data"),
+        format!("/anything/{name}/@candidates"),
+        "relative".to_string(),
+        String::new(),
+    ] {
+        match a.guarded_put(&bad, "x").await {
+            Err(Error::InvalidKey { .. }) => {}
+            other => panic!("{bad:?}: {other:?}"),
+        }
+        match election.guarded_put(a.token(), &bad, "x").await {
+            Err(Error::InvalidKey { .. }) => {}
+            other => panic!("{bad:?} by token: {other:?}"),
+        }
+    }
+    assert_eq!(election.leader().await.unwrap().unwrap().token, a.token());
+    assert!(a.fenced_delete(&counter).await.unwrap());
+    assert!(!a.fenced_delete(&counter).await.unwrap());
+    // Once a successor leads, every operation of the old token is fenced.
+    let old_token = a.token();
+    let mut candidacy = election.candidacy("b").unwrap();
+    a.resign().await;
+    let b = within("b leads", Duration::from_secs(3), candidacy.next())
+        .await
+        .unwrap();
+    b.guarded_put(&counter, "from b").await.unwrap();
+    let stale = FencedTxn::new().then_put(&counter, "stale");
+    match election.fenced_txn(old_token, stale).await {
+        Err(Error::Fenced { token, .. }) => assert_eq!(token, old_token),
+        other => panic!("stale token: {other:?}"),
+    }
+    assert_eq!(
+        b.fenced_get(&counter).await.unwrap(),
+        Some(b"from b".to_vec())
+    );
+}
