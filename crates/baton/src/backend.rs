@@ -1,9 +1,8 @@
 //! Connecting to a backend by URL.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use baton_core::ElectionConfig;
+use baton_core::{BackendLimits, ElectionConfig};
 
 use crate::error::{Error, Result};
 use crate::stats::StatsSnapshot;
@@ -47,21 +46,20 @@ impl Backend {
         &self.kind
     }
 
-    /// The shortest TTL this backend can hold.
-    pub fn min_ttl(&self) -> Duration {
+    /// What this backend can hold (TTL bounds and step): a configuration that passes
+    /// `config.validate(&backend.limits())` is one this backend accepts.
+    pub fn limits(&self) -> BackendLimits {
         match self.kind() {
             #[cfg(feature = "etcd")]
-            BackendKind::Etcd(_) => crate::etcd::MIN_TTL,
+            BackendKind::Etcd(_) => crate::etcd::LIMITS,
         }
     }
 
-    /// Checks `config` against itself and this backend's limits.
+    /// Checks `config` against itself and this backend's limits: the same check
+    /// [`crate::Election::new`] makes.
     pub fn validate_config(&self, config: &ElectionConfig) -> Result<()> {
-        config.validate(self.min_ttl())?;
-        match self.kind() {
-            #[cfg(feature = "etcd")]
-            BackendKind::Etcd(_) => crate::etcd::validate_ttl(config.ttl),
-        }
+        config.validate(&self.limits())?;
+        Ok(())
     }
 
     /// Counters of the requests and events this backend handled so far.

@@ -44,22 +44,12 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// above it is bad input, rejected when the election is made rather than at the first grant.
 pub(crate) const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 
-pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
-    if ttl > MAX_TTL {
-        return Err(Error::Unsupported(format!(
-            "ttl {} is above etcd's maximum lease ttl of {}s",
-            baton_core::format_duration(ttl),
-            MAX_TTL.as_secs()
-        )));
-    }
-    if ttl.subsec_nanos() != 0 {
-        return Err(Error::Unsupported(format!(
-            "ttl {} is not a whole number of seconds (etcd leases have whole-second TTLs)",
-            baton_core::format_duration(ttl)
-        )));
-    }
-    Ok(())
-}
+/// What etcd leases can be: whole seconds, from [`MIN_TTL`] to [`MAX_TTL`].
+pub(crate) const LIMITS: baton_core::BackendLimits = baton_core::BackendLimits {
+    min_ttl: MIN_TTL,
+    max_ttl: MAX_TTL,
+    ttl_step: Duration::from_secs(1),
+};
 
 fn backend_error(operation: &'static str, error: etcd_client::Error) -> Error {
     Error::Backend {
@@ -1361,14 +1351,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ttl_above_etcds_maximum_is_unsupported() {
-        assert!(validate_ttl(MAX_TTL).is_ok());
-        let error = validate_ttl(MAX_TTL + Duration::from_secs(1)).unwrap_err();
-        assert!(matches!(error, Error::Unsupported(_)), "{error:?}");
+    fn ttl_above_etcds_maximum_or_fractional_is_refused() {
+        let config = ElectionConfig::default();
+        assert!(config.clone().with_ttl(MAX_TTL).validate(&LIMITS).is_ok());
+        let error = config
+            .clone()
+            .with_ttl(MAX_TTL + Duration::from_secs(1))
+            .validate(&LIMITS)
+            .unwrap_err();
         assert_eq!(
             error.to_string(),
-            "ttl 9000000001s is above etcd's maximum lease ttl of 9000000000s"
+            "ttl 9000000001s is above this backend's maximum of 2500000h"
         );
-        assert!(!error.to_string().contains('\n'));
+        let error = config
+            .with_ttl(Duration::from_millis(2500))
+            .validate(&LIMITS)
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("whole multiple of 1s"),
+            "{error}"
+        );
     }
 }

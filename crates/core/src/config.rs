@@ -40,6 +40,27 @@ impl Default for ElectionConfig {
     }
 }
 
+/// What a backend can hold: [`ElectionConfig::validate`] checks a configuration against it, so
+/// that a configuration it accepts is one the backend accepts too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendLimits {
+    /// The shortest lease TTL.
+    pub min_ttl: Duration,
+    /// The longest lease TTL.
+    pub max_ttl: Duration,
+    /// TTLs must be whole multiples of this (zero: any TTL).
+    pub ttl_step: Duration,
+}
+
+impl BackendLimits {
+    /// No limits beyond a TTL above zero.
+    pub const NONE: BackendLimits = BackendLimits {
+        min_ttl: Duration::ZERO,
+        max_ttl: Duration::MAX,
+        ttl_step: Duration::ZERO,
+    };
+}
+
 /// Why an [`ElectionConfig`] was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -53,6 +74,22 @@ pub enum ConfigError {
         ttl: String,
         /// The backend's minimum, formatted.
         minimum: String,
+    },
+    /// The backend cannot hold a lease this long.
+    #[error("ttl {ttl} is above this backend's maximum of {maximum}")]
+    TtlAboveMaximum {
+        /// The requested TTL, formatted.
+        ttl: String,
+        /// The backend's maximum, formatted.
+        maximum: String,
+    },
+    /// The backend's leases come in whole steps (etcd: seconds).
+    #[error("ttl {ttl} is not a whole multiple of {step} (this backend's leases come in steps of {step})")]
+    TtlNotMultiple {
+        /// The requested TTL, formatted.
+        ttl: String,
+        /// The backend's step, formatted.
+        step: String,
     },
     /// A drift bound of 50% or more leaves no meaningful lease.
     #[error("max drift {ppm} ppm is not below 500000 ppm (50%)")]
@@ -131,14 +168,26 @@ impl ElectionConfig {
     }
 
     /// Checks the configuration against itself and the backend's minimum TTL.
-    pub fn validate(&self, backend_min_ttl: Duration) -> Result<(), ConfigError> {
+    pub fn validate(&self, limits: &BackendLimits) -> Result<(), ConfigError> {
         if self.ttl.is_zero() {
             return Err(ConfigError::TtlZero);
         }
-        if self.ttl < backend_min_ttl {
+        if self.ttl < limits.min_ttl {
             return Err(ConfigError::TtlBelowMinimum {
                 ttl: format_duration(self.ttl),
-                minimum: format_duration(backend_min_ttl),
+                minimum: format_duration(limits.min_ttl),
+            });
+        }
+        if self.ttl > limits.max_ttl {
+            return Err(ConfigError::TtlAboveMaximum {
+                ttl: format_duration(self.ttl),
+                maximum: format_duration(limits.max_ttl),
+            });
+        }
+        if !limits.ttl_step.is_zero() && self.ttl.as_nanos() % limits.ttl_step.as_nanos() != 0 {
+            return Err(ConfigError::TtlNotMultiple {
+                ttl: format_duration(self.ttl),
+                step: format_duration(limits.ttl_step),
             });
         }
         if self.max_drift_ppm >= 500_000 {
@@ -176,6 +225,13 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    fn min(min_ttl: Duration) -> BackendLimits {
+        BackendLimits {
+            min_ttl,
+            ..BackendLimits::NONE
+        }
+    }
+
     #[test]
     fn local_lease_shrinks_by_drift_then_margin() {
         let config = ElectionConfig::default()
@@ -198,7 +254,7 @@ mod tests {
     #[test]
     fn default_is_valid_and_renews_at_a_third() {
         let config = ElectionConfig::default();
-        assert_eq!(config.validate(Duration::from_secs(1)), Ok(()));
+        assert_eq!(config.validate(&min(Duration::from_secs(1))), Ok(()));
         assert_eq!(
             config.renew_interval(),
             Duration::from_millis(3333) + Duration::from_nanos(333_333)
@@ -209,27 +265,31 @@ mod tests {
     fn validate_rejects_nonsense() {
         let base = ElectionConfig::default().with_ttl(ms(2000));
         assert_eq!(
-            base.clone().with_ttl(Duration::ZERO).validate(ms(1)),
+            base.clone().with_ttl(Duration::ZERO).validate(&min(ms(1))),
             Err(ConfigError::TtlZero)
         );
         assert_eq!(
-            base.clone().with_ttl(ms(500)).validate(ms(1000)),
+            base.clone().with_ttl(ms(500)).validate(&min(ms(1000))),
             Err(ConfigError::TtlBelowMinimum {
                 ttl: "500ms".into(),
                 minimum: "1s".into()
             })
         );
         assert_eq!(
-            base.clone().with_max_drift_ppm(500_000).validate(ms(1)),
+            base.clone()
+                .with_max_drift_ppm(500_000)
+                .validate(&min(ms(1))),
             Err(ConfigError::DriftTooLarge { ppm: 500_000 })
         );
         assert!(base
             .clone()
             .with_max_drift_ppm(499_999)
-            .validate(ms(1))
+            .validate(&min(ms(1)))
             .is_ok());
         assert_eq!(
-            base.clone().with_safety_margin(ms(1980)).validate(ms(1)),
+            base.clone()
+                .with_safety_margin(ms(1980))
+                .validate(&min(ms(1))),
             Err(ConfigError::MarginTooLarge {
                 margin: "1980ms".into(),
                 ttl: "2s".into()
@@ -238,17 +298,46 @@ mod tests {
         assert_eq!(
             base.clone()
                 .with_renew_interval(Duration::ZERO)
-                .validate(ms(1)),
+                .validate(&min(ms(1))),
             Err(ConfigError::RenewZero)
         );
         assert_eq!(
-            base.clone().with_renew_interval(ms(1880)).validate(ms(1)),
+            base.clone()
+                .with_renew_interval(ms(1880))
+                .validate(&min(ms(1))),
             Err(ConfigError::RenewTooSlow {
                 renew: "1880ms".into(),
                 deadline: "1880ms".into(),
                 ttl: "2s".into()
             })
         );
-        assert!(base.with_renew_interval(ms(1879)).validate(ms(1)).is_ok());
+        assert!(base
+            .with_renew_interval(ms(1879))
+            .validate(&min(ms(1)))
+            .is_ok());
+    }
+
+    #[test]
+    fn backend_limits_refuse_what_the_backend_would() {
+        let etcd = BackendLimits {
+            min_ttl: Duration::from_secs(1),
+            max_ttl: Duration::from_secs(9_000_000_000),
+            ttl_step: Duration::from_secs(1),
+        };
+        let config = ElectionConfig::default();
+        assert_eq!(config.clone().with_ttl(ms(3000)).validate(&etcd), Ok(()));
+        assert_eq!(
+            config.clone().with_ttl(ms(2500)).validate(&etcd),
+            Err(ConfigError::TtlNotMultiple {
+                ttl: "2.5s".into(),
+                step: "1s".into()
+            })
+        );
+        assert!(matches!(
+            config
+                .with_ttl(Duration::from_secs(9_000_000_001))
+                .validate(&etcd),
+            Err(ConfigError::TtlAboveMaximum { .. })
+        ));
     }
 }

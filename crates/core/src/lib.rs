@@ -24,7 +24,7 @@ mod lease;
 mod time;
 
 pub use candidate::{Action as CandidateAction, Candidate, CandidateState, LossReason};
-pub use config::{ConfigError, ElectionConfig};
+pub use config::{BackendLimits, ConfigError, ElectionConfig};
 pub use duration::{format_duration, parse_duration, DurationError};
 pub use fence::{Fence, StaleToken};
 pub use lease::{Action as LeaseAction, LeaseCore, LeaseState};
