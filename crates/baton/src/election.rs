@@ -170,7 +170,7 @@ impl Election {
     /// Observes the leader: the current state first, then every change, including "no
     /// leader". Changes are never dropped; a slow reader slows the observer, not the election.
     pub async fn observe(&self) -> Result<Observer> {
-        let (tx, rx) = mpsc::channel(256);
+        let (tx, rx) = mpsc::channel::<Observed>(256);
         match self.backend.kind() {
             #[cfg(feature = "etcd")]
             BackendKind::Etcd(etcd) => etcd.spawn_observer(self.name.clone(), tx).await?,
@@ -476,16 +476,44 @@ pub(crate) async fn wait_lost(
     }
 }
 
-/// A stream of leader states: the current one first, then each change.
+/// What an [`Observer`] sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observed {
+    /// The current leader; `None` means the election has no leader.
+    Leader(Option<LeaderInfo>),
+    /// The backend cannot be seen right now (unreachable, not answering within a second, or the
+    /// watch broke): the last leader reported may be stale. The observer keeps trying, and a
+    /// `Leader` follows as soon as the backend can be seen again.
+    Unavailable {
+        /// What went wrong, in one line.
+        reason: String,
+    },
+}
+
+/// A stream of leader states: the current one first, then each change (including "no
+/// leader"), with [`Observed::Unavailable`] when the backend cannot be seen. Also a
+/// [`futures_core::Stream`] of [`Observed`]; the stream ends only when its backend is closed.
 #[derive(Debug)]
 pub struct Observer {
-    rx: mpsc::Receiver<Result<Option<LeaderInfo>>>,
+    rx: mpsc::Receiver<Observed>,
 }
 
 impl Observer {
-    /// The next state: `Some` leader or `None` for no leader. An `Err` is final.
-    pub async fn next(&mut self) -> Result<Option<LeaderInfo>> {
-        self.rx.recv().await.unwrap_or(Err(Error::Closed))
+    /// The next state; `None` once the observer has ended. Cancel-safe: no state is lost when
+    /// the future is dropped inside `select!`.
+    pub async fn next(&mut self) -> Option<Observed> {
+        self.rx.recv().await
+    }
+}
+
+impl futures_core::Stream for Observer {
+    type Item = Observed;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Observed>> {
+        self.rx.poll_recv(cx)
     }
 }
 

@@ -19,7 +19,7 @@ use etcd_client::{
 use tokio::sync::{mpsc, watch, Mutex};
 
 use crate::clock::Clock;
-use crate::election::{Command, GuardContext, LeaderInfo, Leadership, Status};
+use crate::election::{Command, GuardContext, LeaderInfo, Leadership, Observed, Status};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
 use crate::session::{start_lease, LeaseHandle, LeaseTransport, LeaseView};
@@ -36,6 +36,9 @@ pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Bound on connecting and on the reachability probe.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How often an observer checks that the server still answers, and how long it waits.
+const OBSERVER_PROBE: Duration = Duration::from_secs(1);
 
 /// Pause between attempts when a requeueing candidate hits a backend error.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
@@ -343,7 +346,7 @@ impl EtcdBackend {
     pub(crate) async fn spawn_observer(
         self: &Arc<Self>,
         election: String,
-        tx: mpsc::Sender<Result<Option<LeaderInfo>>>,
+        tx: mpsc::Sender<Observed>,
     ) -> Result<()> {
         let prefix = self.candidates_scope(&election);
         let (members, revision) = self.snapshot(&prefix).await?;
@@ -352,42 +355,43 @@ impl EtcdBackend {
             let mut members = members;
             let mut revision = revision;
             let mut last: Option<Option<LeaderInfo>> = None;
-            let mut failing = false;
             loop {
                 let current = leader_of(&members);
                 if last.as_ref() != Some(&current) {
-                    if tx.send(Ok(current.clone())).await.is_err() {
+                    if tx.send(Observed::Leader(current.clone())).await.is_err() {
                         return;
                     }
                     last = Some(current);
                 }
-                match backend
+                let error = match backend
                     .follow(&prefix, &mut members, &mut revision, &mut last, &tx)
                     .await
                 {
                     Ok(()) => return,
-                    Err(error) => {
-                        // Say it once per outage, not once per retry.
-                        if !failing {
-                            tracing::warn!(%election, %error, "observer lost its watch; resynchronising");
-                        }
-                        // Connection trouble or compaction: resynchronise from a fresh snapshot
-                        // (level-triggered: the current state is what matters).
-                        tokio::time::sleep(RETRY_PAUSE).await;
-                        if tx.is_closed() {
-                            return;
-                        }
-                        match backend.snapshot(&prefix).await {
-                            Ok((fresh, at)) => {
-                                if failing {
-                                    tracing::warn!(%election, "observer resynchronised");
-                                }
-                                failing = false;
-                                members = fresh;
-                                revision = at;
-                            }
-                            Err(_) => failing = true,
-                        }
+                    Err(error) => error,
+                };
+                // Connection trouble, a server that stopped answering, or compaction: say so
+                // (what we showed may be stale now), then resynchronise from a fresh snapshot
+                // (level-triggered: the current state is what matters).
+                tracing::warn!(%election, %error, "observer cannot see the backend; resynchronising");
+                let unavailable = Observed::Unavailable {
+                    reason: error.to_string(),
+                };
+                if tx.send(unavailable).await.is_err() {
+                    return;
+                }
+                // After an outage the current leader is always reported again.
+                last = None;
+                loop {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    if tx.is_closed() {
+                        return;
+                    }
+                    if let Ok((fresh, at)) = backend.snapshot(&prefix).await {
+                        tracing::warn!(%election, "observer resynchronised");
+                        members = fresh;
+                        revision = at;
+                        break;
                     }
                 }
             }
@@ -426,7 +430,7 @@ impl EtcdBackend {
         members: &mut BTreeMap<i64, String>,
         revision: &mut i64,
         last: &mut Option<Option<LeaderInfo>>,
-        tx: &mpsc::Sender<Result<Option<LeaderInfo>>>,
+        tx: &mpsc::Sender<Observed>,
     ) -> Result<()> {
         let mut client = self.client.clone();
         let options = WatchOptions::new()
@@ -434,10 +438,26 @@ impl EtcdBackend {
             .with_prev_key()
             .with_start_revision(*revision + 1);
         let mut stream = request(&self.stats, "watch", client.watch(prefix, Some(options))).await?;
+        // A watch says nothing while the server is silent (stopped, partitioned): probe it, so
+        // that "no news" is never mistaken for "no change" for long.
+        let mut probe = tokio::time::interval(OBSERVER_PROBE);
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        probe.tick().await;
         loop {
             let message = tokio::select! {
                 message = stream.message() => message,
                 _ = tx.closed() => return Ok(()),
+                _ = probe.tick() => {
+                    let options = GetOptions::new().with_prefix().with_count_only();
+                    request_within(
+                        OBSERVER_PROBE,
+                        &self.stats,
+                        "observer probe",
+                        client.get(prefix, Some(options)),
+                    )
+                    .await?;
+                    continue;
+                }
             };
             let response = match message {
                 Ok(Some(response)) => response,
@@ -467,7 +487,7 @@ impl EtcdBackend {
             }
             let current = leader_of(members);
             if last.as_ref() != Some(&current) {
-                if tx.send(Ok(current.clone())).await.is_err() {
+                if tx.send(Observed::Leader(current.clone())).await.is_err() {
                     return Ok(());
                 }
                 *last = Some(current);

@@ -296,3 +296,44 @@ async fn fenced_operations_are_bounded_while_etcd_is_stopped() {
     );
     assert!(took < std::time::Duration::from_secs(2), "took {took:?}");
 }
+
+/// "I cannot see the backend" is not "there is no leader": with etcd frozen the observer says
+/// `Unavailable` within a few seconds (the watch alone would stay silent), and once etcd is
+/// back it reports the leader again.
+#[tokio::test]
+async fn observer_tells_unavailable_from_no_leader() {
+    use baton::Observed;
+    let etcd = PrivateEtcd::start().await;
+    let url = format!("etcd://{}/observe", etcd.endpoint());
+    let backend = Backend::connect(&url).await.unwrap();
+    let watcher = Backend::connect(&url).await.unwrap();
+    let config = conformance::config().with_ttl(std::time::Duration::from_secs(30));
+    let election = Election::new(&backend, "o", config.clone()).unwrap();
+    let mut observer = Election::new(&watcher, "o", config)
+        .unwrap()
+        .observe()
+        .await
+        .unwrap();
+    assert_eq!(observer.next().await, Some(Observed::Leader(None)));
+    let leadership = election.campaign("a").await.unwrap();
+    let Some(Observed::Leader(Some(seen))) = observer.next().await else {
+        panic!("no leader seen");
+    };
+    assert_eq!(seen.token, leadership.token());
+    let pid = etcd.child.as_ref().unwrap().id() as i32;
+    // SAFETY: signals to the etcd this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let started = std::time::Instant::now();
+    let next = tokio::time::timeout(std::time::Duration::from_secs(5), observer.next()).await;
+    let took = started.elapsed();
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert!(
+        matches!(next, Ok(Some(Observed::Unavailable { .. }))),
+        "{next:?}"
+    );
+    assert!(took < std::time::Duration::from_secs(3), "took {took:?}");
+    let back = tokio::time::timeout(std::time::Duration::from_secs(10), observer.next())
+        .await
+        .unwrap();
+    assert_eq!(back, Some(Observed::Leader(Some(seen))));
+}

@@ -75,6 +75,14 @@ struct LeaderLine<'a> {
     leader: Option<baton::LeaderInfo>,
 }
 
+/// What `baton observe` prints while the backend cannot be seen (the last leader line may be
+/// stale); a leader line follows once it can be seen again.
+#[derive(Debug, Serialize)]
+struct UnavailableLine<'a> {
+    election: &'a str,
+    unavailable: &'a str,
+}
+
 /// An error that is the user's input, not a runtime failure: exit code 2.
 #[derive(Debug)]
 pub struct UsageError(pub String);
@@ -249,15 +257,27 @@ async fn observe(target: Target) -> anyhow::Result<()> {
     let (_backend, election) =
         open_election(&target.backend, &target.election, inspect_config()).await?;
     let mut observer = election.observe().await.context("starting to observe")?;
-    loop {
-        let leader = observer.next().await.context("observing")?;
-        print_line(&target.election, leader)?;
+    while let Some(observed) = observer.next().await {
+        match observed {
+            baton::Observed::Leader(leader) => print_line(&target.election, leader)?,
+            baton::Observed::Unavailable { reason } => {
+                print_json(&UnavailableLine {
+                    election: &target.election,
+                    unavailable: &reason,
+                })?;
+            }
+        }
     }
+    Err(baton::Error::Closed).context("observing")
 }
 
 fn print_line(election: &str, leader: Option<baton::LeaderInfo>) -> anyhow::Result<()> {
+    print_json(&LeaderLine { election, leader })
+}
+
+fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
     use std::io::Write;
-    let line = serde_json::to_string(&LeaderLine { election, leader })?;
+    let line = serde_json::to_string(value)?;
     let mut stdout = std::io::stdout().lock();
     match writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
         Ok(()) => Ok(()),

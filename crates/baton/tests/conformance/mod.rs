@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use baton::{Backend, Election, ElectionConfig, Error, LeaderInfo, LossReason};
+use baton::{Backend, Election, ElectionConfig, Error, LeaderInfo, LossReason, Observed};
 
 /// A short TTL keeps the expiry tests quick; etcd leases are whole seconds.
 pub fn config() -> ElectionConfig {
@@ -118,37 +118,31 @@ pub async fn check_observe_reports_every_change(url: &str) {
     let election = Election::new(&backend, &name, config()).unwrap();
     let b_election = Election::new(&other, &name, config()).unwrap();
     let mut observer = election.observe().await.unwrap();
-    assert_eq!(observer.next().await.unwrap(), None);
+    assert_eq!(observer.next().await, Some(Observed::Leader(None)));
     let a = election.campaign("a").await.unwrap();
-    let seen = within("observe a", Duration::from_secs(2), observer.next())
-        .await
-        .unwrap();
+    let seen = within("observe a", Duration::from_secs(2), observer.next()).await;
     assert_eq!(
         seen,
-        Some(LeaderInfo {
+        Some(Observed::Leader(Some(LeaderInfo {
             id: "a".into(),
             token: a.token()
-        })
+        })))
     );
     let b_waiting = tokio::spawn(async move { b_election.campaign("b").await });
     tokio::time::sleep(Duration::from_millis(200)).await;
     a.resign().await;
     let b = b_waiting.await.unwrap().unwrap();
-    let seen = within("observe b", Duration::from_secs(2), observer.next())
-        .await
-        .unwrap();
+    let seen = within("observe b", Duration::from_secs(2), observer.next()).await;
     assert_eq!(
         seen,
-        Some(LeaderInfo {
+        Some(Observed::Leader(Some(LeaderInfo {
             id: "b".into(),
             token: b.token()
-        })
+        })))
     );
     b.resign().await;
-    let seen = within("observe none", Duration::from_secs(2), observer.next())
-        .await
-        .unwrap();
-    assert_eq!(seen, None);
+    let seen = within("observe none", Duration::from_secs(2), observer.next()).await;
+    assert_eq!(seen, Some(Observed::Leader(None)));
 }
 
 pub async fn check_guarded_put_is_fenced(url: &str) {
@@ -395,10 +389,10 @@ pub async fn check_nested_prefixes_are_independent(url: &str) {
         .unwrap();
     // Each observer sees only its own election's leader.
     let mut outer_observer = outer.observe().await.unwrap();
-    assert_eq!(
-        outer_observer.next().await.unwrap().map(|leader| leader.id),
-        Some("outer".into())
-    );
+    match outer_observer.next().await {
+        Some(Observed::Leader(Some(leader))) => assert_eq!(leader.id, "outer"),
+        other => panic!("outer observer: {other:?}"),
+    }
     inner_lead.resign().await;
     outer_lead.resign().await;
     let seen = within(
@@ -406,10 +400,10 @@ pub async fn check_nested_prefixes_are_independent(url: &str) {
         Duration::from_secs(2),
         outer_observer.next(),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
-        seen, None,
+        seen,
+        Some(Observed::Leader(None)),
         "the inner resign must not reach the outer observer"
     );
 }
