@@ -41,11 +41,11 @@ pub enum Error {
         reason: &'static str,
     },
     /// The backend could not be reached.
-    #[error("cannot reach {backend} at {endpoints}: {detail}")]
+    #[error("cannot reach {backend}{}: {detail}", at(endpoints))]
     Unreachable {
         /// Backend kind, such as "etcd".
         backend: &'static str,
-        /// The endpoints tried.
+        /// The endpoints tried (empty when the failure came from an established client).
         endpoints: String,
         /// The underlying error.
         detail: String,
@@ -99,6 +99,15 @@ pub enum Error {
     /// The background task serving this object has stopped.
     #[error("the election driver has stopped")]
     Closed,
+}
+
+/// " at ENDPOINTS", when they are known.
+fn at(endpoints: &str) -> String {
+    if endpoints.is_empty() {
+        String::new()
+    } else {
+        format!(" at {endpoints}")
+    }
 }
 
 impl Error {

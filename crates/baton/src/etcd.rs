@@ -55,10 +55,28 @@ pub(crate) const LIMITS: baton_core::BackendLimits = baton_core::BackendLimits {
 };
 
 fn backend_error(operation: &'static str, error: etcd_client::Error) -> Error {
+    // gRPC's UNAVAILABLE (14) is what a refused or broken connection becomes.
+    const UNAVAILABLE: i32 = 14;
+    let unreachable = match &error {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        // tonic reports a connection that broke under a request as UNKNOWN "transport error",
+        // with the operating system's error down its source chain.
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() as i32 == UNAVAILABLE || has_io_source(status)
+        }
+        _ => false,
+    };
+    if unreachable {
+        return Error::Unreachable {
+            backend: "etcd",
+            endpoints: String::new(),
+            detail: format!("{} (during {operation})", root_cause(&error)),
+        };
+    }
     Error::Backend {
         backend: "etcd",
         operation,
-        detail: error.to_string(),
+        detail: root_cause(&error),
     }
 }
 
@@ -542,10 +560,25 @@ fn leader_of(members: &BTreeMap<i64, String>) -> Option<LeaderInfo> {
     })
 }
 
+/// Whether an operating-system I/O error lies down `error`'s source chain.
+fn has_io_source(error: &dyn std::error::Error) -> bool {
+    let mut source = error.source();
+    while let Some(current) = source {
+        if current.is::<std::io::Error>() {
+            return true;
+        }
+        source = current.source();
+    }
+    false
+}
+
 /// The most telling message of an error chain: the operating system's "Connection refused"
 /// rather than a page of gRPC status.
 fn root_cause(error: &etcd_client::Error) -> String {
-    let mut source: Option<&dyn std::error::Error> = Some(error);
+    let mut source: Option<&dyn std::error::Error> = match error {
+        etcd_client::Error::GRpcStatus(status) => Some(status),
+        _ => Some(error),
+    };
     while let Some(current) = source {
         if let Some(io) = current.downcast_ref::<std::io::Error>() {
             return io.to_string();

@@ -227,13 +227,11 @@ async fn ttl_above_etcds_maximum_is_rejected() {
     let above =
         baton::ElectionConfig::default().with_ttl(maximum + std::time::Duration::from_secs(1));
     match baton::Election::new(&backend, "ttl", above) {
-        Err(baton::Error::Unsupported(message)) => {
-            assert!(
-                message.contains("above etcd's maximum lease ttl"),
-                "{message}"
-            )
+        Err(error @ baton::Error::Config(_)) => {
+            let message = error.to_string();
+            assert!(message.contains("above this backend's maximum"), "{message}")
         }
-        other => panic!("expected Unsupported, got {other:?}"),
+        other => panic!("expected a Config error, got {other:?}"),
     }
 }
 
@@ -336,4 +334,31 @@ async fn observer_tells_unavailable_from_no_leader() {
         .await
         .unwrap();
     assert_eq!(back, Some(Observed::Leader(Some(seen))));
+}
+
+/// A server that went away after connecting: the campaign fails as `Unreachable` with one
+/// short line that names the cause, not a dump of gRPC internals.
+#[tokio::test]
+async fn refused_connection_during_a_campaign_is_unreachable() {
+    let mut etcd = PrivateEtcd::start().await;
+    let backend = Backend::connect(&format!("etcd://{}/gone", etcd.endpoint()))
+        .await
+        .unwrap();
+    let election = Election::new(&backend, "gone", conformance::config()).unwrap();
+    etcd.kill();
+    let error = tokio::time::timeout(std::time::Duration::from_secs(10), election.campaign("a"))
+        .await
+        .expect("the campaign must fail, not hang")
+        .unwrap_err();
+    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(!message.contains('\n'), "{message}");
+    assert!(message.len() < 200, "{message}");
+    assert!(!message.contains("Status {"), "{message}");
+    assert!(
+        ["refused", "broken pipe", "reset"]
+            .iter()
+            .any(|cause| message.contains(cause)),
+        "{message}"
+    );
 }
