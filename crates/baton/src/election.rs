@@ -10,18 +10,56 @@ use crate::backend::{Backend, BackendKind};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedTxn, FencedTxnResponse};
 use crate::session::{LeaseView, LeaseWatch};
-use crate::url::CANDIDATES_MARKER;
+use crate::url::is_reserved;
 
 /// Bound on a fenced operation, as on every other request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The current leader of an election, as anyone can observe it.
+/// A candidate of an election as anyone can observe it: the leader, or a waiter in the queue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LeaderInfo {
-    /// The leader's candidate id.
+    /// The candidate's id.
     pub id: String,
-    /// The leader's fencing token.
+    /// The candidate's entry revision: for the leader, its fencing token.
     pub token: u64,
+    /// The value the candidate published (say, its address), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+/// The largest leader value a candidate may publish.
+const MAX_VALUE_BYTES: usize = 64 * 1024;
+
+/// Options of one candidacy beyond its id.
+#[derive(Debug, Clone, Default)]
+pub struct CandidateOptions {
+    value: Option<String>,
+    campaign_timeout: Option<Duration>,
+}
+
+impl CandidateOptions {
+    /// Publishes `value` with the candidacy (say, the address where the leader serves): it is
+    /// shown by [`Election::leader`], [`Election::participants`], observers and `baton leader`.
+    pub fn with_value(mut self, value: impl Into<String>) -> CandidateOptions {
+        self.value = Some(value.into());
+        self
+    }
+
+    /// Gives up campaigning after `timeout` ([`Election::campaign_with`]): the campaign leaves
+    /// the queue and fails with [`Error::Timeout`].
+    pub fn with_campaign_timeout(mut self, timeout: Duration) -> CandidateOptions {
+        self.campaign_timeout = Some(timeout);
+        self
+    }
+}
+
+/// What a candidacy campaigns with.
+#[derive(Debug, Clone)]
+pub(crate) struct CandidateSpec {
+    pub(crate) election: String,
+    pub(crate) id: String,
+    pub(crate) value: Option<String>,
+    pub(crate) config: ElectionConfig,
 }
 
 /// Commands from handles to a candidate's driver task.
@@ -122,8 +160,17 @@ impl Election {
     ///
     /// Cancel-safe: dropping the future leaves the queue.
     pub async fn campaign(&self, id: &str) -> Result<Leadership> {
-        let mut candidacy = self.start_candidacy(id, false)?;
-        candidacy.next().await
+        self.campaign_with(id, CandidateOptions::default()).await
+    }
+
+    /// [`Election::campaign`] with options: a leader value, a campaign timeout.
+    pub async fn campaign_with(&self, id: &str, options: CandidateOptions) -> Result<Leadership> {
+        let timeout = options.campaign_timeout;
+        let mut candidacy = self.start_candidacy(id, options, false)?;
+        match timeout {
+            Some(limit) => candidacy.next_within(limit).await,
+            None => candidacy.next().await,
+        }
     }
 
     /// Starts a candidacy as `id`. With `requeue` in the config it campaigns again after each
@@ -133,25 +180,58 @@ impl Election {
     /// exists.** Dropping the `Candidacy` stops campaigning; a term already won lives on in its
     /// [`Leadership`] and, when that ends, nothing campaigns again. To stop everything at once,
     /// current term included, call [`Candidacy::resign`].
+    ///
+    /// Ids must be unique among the election's live candidates: a second one with the same id
+    /// fails with [`Error::DuplicateId`] (with requeue it keeps trying, with a warning, until
+    /// the other one is gone).
     pub fn candidacy(&self, id: &str) -> Result<Candidacy> {
-        self.start_candidacy(id, self.config.requeue)
+        self.candidacy_with(id, CandidateOptions::default())
     }
 
-    fn start_candidacy(&self, id: &str, requeue: bool) -> Result<Candidacy> {
+    /// [`Election::candidacy`] with options (a leader value; the campaign timeout applies to
+    /// [`Election::campaign_with`] only, use [`Candidacy::next_within`] here).
+    pub fn candidacy_with(&self, id: &str, options: CandidateOptions) -> Result<Candidacy> {
+        self.start_candidacy(id, options, self.config.requeue)
+    }
+
+    /// Every candidate in queue order: the leader first, then the waiters in the order they
+    /// would take over.
+    pub async fn participants(&self) -> Result<Vec<LeaderInfo>> {
+        match self.backend.kind() {
+            #[cfg(feature = "etcd")]
+            BackendKind::Etcd(etcd) => etcd.participants(&self.name).await,
+        }
+    }
+
+    fn start_candidacy(
+        &self,
+        id: &str,
+        options: CandidateOptions,
+        requeue: bool,
+    ) -> Result<Candidacy> {
         validate_name("candidate id", id)?;
-        let config = self.config.clone().with_requeue(requeue);
+        if let Some(value) = &options.value {
+            if value.len() > MAX_VALUE_BYTES {
+                return Err(Error::InvalidName {
+                    what: "leader value",
+                    value: format!("{}…", value.chars().take(32).collect::<String>()),
+                    reason: "must be at most 64 KiB",
+                });
+            }
+        }
+        let spec = CandidateSpec {
+            election: self.name.clone(),
+            id: id.to_string(),
+            value: options.value,
+            config: self.config.clone().with_requeue(requeue),
+        };
         let (leaderships_tx, leaderships) = mpsc::channel(1);
         let (commands, commands_rx) = mpsc::channel(4);
         match self.backend.kind() {
             #[cfg(feature = "etcd")]
-            BackendKind::Etcd(etcd) => etcd.spawn_candidate(
-                self.name.clone(),
-                id.to_string(),
-                config,
-                commands_rx,
-                commands.clone(),
-                leaderships_tx,
-            ),
+            BackendKind::Etcd(etcd) => {
+                etcd.spawn_candidate(spec, commands_rx, commands.clone(), leaderships_tx)
+            }
         }
         Ok(Candidacy {
             leaderships,
@@ -206,7 +286,7 @@ fn validate_name(what: &'static str, value: &str) -> Result<()> {
         Some("must be at most 256 bytes")
     } else if what == "election name" && value.contains('/') {
         Some("must not contain '/'")
-    } else if what == "election name" && value == CANDIDATES_MARKER {
+    } else if what == "election name" && is_reserved(value) {
         // Reserved: it separates an election's name from its candidates' entries.
         Some("is reserved (it separates an election from its candidates' keys)")
     } else if value.chars().any(char::is_control) {
@@ -244,6 +324,18 @@ impl Candidacy {
             .recv()
             .await
             .map_or(Err(Error::Closed), |slot| *slot)
+    }
+
+    /// [`Candidacy::next`], failing with [`Error::Timeout`] if no leadership comes within
+    /// `timeout`. The candidacy stays in the queue; drop it (or resign) to leave.
+    pub async fn next_within(&mut self, timeout: Duration) -> Result<Leadership> {
+        match tokio::time::timeout(timeout, self.next()).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout {
+                operation: "campaign",
+                after_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            }),
+        }
     }
 
     /// Stops campaigning and deletes our entry, ending the current term if we lead; waits until

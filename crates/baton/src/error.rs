@@ -88,6 +88,18 @@ pub enum Error {
         /// The highest token this process saw issued in the election.
         highest: u64,
     },
+    /// Another live candidate of the election already uses this id (in this process or
+    /// another). Ids name candidates in `leader()` output and logs, so they must be unique; a
+    /// crashed candidate's id is free again once its lease expires (within the TTL).
+    #[error("candidate id {id:?} is already campaigning in election {election:?} (entry {entry})")]
+    DuplicateId {
+        /// The election.
+        election: String,
+        /// The id.
+        id: String,
+        /// The other candidate's entry.
+        entry: String,
+    },
     /// A guarded write was refused because the token no longer leads the election.
     #[error("write refused: fencing token {token} no longer leads election {election:?}")]
     Fenced {

@@ -19,12 +19,14 @@ use etcd_client::{
 use tokio::sync::{mpsc, watch, Mutex};
 
 use crate::clock::Clock;
-use crate::election::{Command, GuardContext, LeaderInfo, Leadership, Observed, Status};
+use crate::election::{
+    CandidateSpec, Command, GuardContext, LeaderInfo, Leadership, Observed, Status,
+};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
 use crate::session::{start_lease, LeaseHandle, LeaseTransport, LeaseView};
 use crate::stats::Stats;
-use crate::url::CANDIDATES_MARKER;
+use crate::url::{CANDIDATES_MARKER, IDS_MARKER};
 use crate::watch_hub::{DeletionWatch, Fired, WatchHub};
 
 /// etcd leases are whole seconds; the server raises anything shorter than its own minimum
@@ -308,18 +310,24 @@ impl EtcdBackend {
 
     pub(crate) fn spawn_candidate(
         self: &Arc<Self>,
-        election: String,
-        id: String,
-        config: ElectionConfig,
+        spec: CandidateSpec,
         commands_rx: mpsc::Receiver<Command>,
         commands: mpsc::Sender<Command>,
         leaderships: mpsc::Sender<Box<Result<Leadership>>>,
     ) {
+        let CandidateSpec {
+            election,
+            id,
+            value,
+            config,
+        } = spec;
         let serial = self.next_candidate.fetch_add(1, Ordering::Relaxed);
         let driver = CandidateDriver {
             backend: self.clone(),
             client: self.client.clone(),
             prefix: self.candidates_scope(&election),
+            id_key: format!("{}/{}/{}/{}", self.prefix, election, IDS_MARKER, id).into_bytes(),
+            entry: encode(&id, value.as_deref()),
             election,
             id,
             serial,
@@ -355,10 +363,19 @@ impl EtcdBackend {
             client.get(self.candidates_scope(election), Some(options)),
         )
         .await?;
-        Ok(response.kvs().first().map(|kv| LeaderInfo {
-            id: String::from_utf8_lossy(kv.value()).into_owned(),
-            token: kv.create_revision() as u64,
-        }))
+        Ok(response
+            .kvs()
+            .first()
+            .map(|kv| describe(kv.create_revision(), kv.value())))
+    }
+
+    /// Every candidate of `election` in queue order (the first one leads).
+    pub(crate) async fn participants(&self, election: &str) -> Result<Vec<LeaderInfo>> {
+        let (members, _) = self.snapshot(&self.candidates_scope(election)).await?;
+        Ok(members
+            .iter()
+            .map(|(revision, raw)| describe(*revision, raw.as_bytes()))
+            .collect())
     }
 
     pub(crate) async fn spawn_observer(
@@ -554,10 +571,33 @@ impl EtcdBackend {
 }
 
 fn leader_of(members: &BTreeMap<i64, String>) -> Option<LeaderInfo> {
-    members.iter().next().map(|(revision, id)| LeaderInfo {
-        id: id.clone(),
-        token: *revision as u64,
-    })
+    members
+        .iter()
+        .next()
+        .map(|(revision, raw)| describe(*revision, raw.as_bytes()))
+}
+
+/// A candidate entry's value: its id, then, if it has one, a newline and its leader value (ids
+/// contain no control characters, so the first newline separates them).
+fn encode(id: &str, value: Option<&str>) -> String {
+    match value {
+        Some(value) => format!("{id}\n{value}"),
+        None => id.to_string(),
+    }
+}
+
+/// The candidate an entry with this create revision and value describes.
+fn describe(revision: i64, raw: &[u8]) -> LeaderInfo {
+    let text = String::from_utf8_lossy(raw);
+    let (id, value) = match text.split_once('\n') {
+        Some((id, value)) => (id.to_string(), Some(value.to_string())),
+        None => (text.into_owned(), None),
+    };
+    LeaderInfo {
+        id,
+        token: revision as u64,
+        value,
+    }
 }
 
 /// Whether an operating-system I/O error lies down `error`'s source chain.
@@ -774,6 +814,11 @@ impl LeaseTransport for EtcdLeaseTransport {
 struct CandidateDriver {
     backend: Arc<EtcdBackend>,
     client: Client,
+    /// `<prefix>/<election>/@ids/<id>`: created with our entry, bound to the same lease, so a
+    /// second live candidate with our id is refused.
+    id_key: Vec<u8>,
+    /// What our entry holds: the id and the leader value (see `encode`).
+    entry: String,
     /// `<prefix>/<election>/@candidates/`: the scope of every query of this election.
     prefix: String,
     election: String,
@@ -802,6 +847,14 @@ struct CandidateDriver {
     create_uncertain: bool,
     /// The revision of the last key we created (for the error when it was too low).
     created_revision: u64,
+}
+
+/// What a create transaction found.
+enum Created {
+    /// Our entry exists with this create revision.
+    Key(i64),
+    /// Another entry holds our id.
+    IdTakenBy(etcd_client::KeyValue),
 }
 
 /// What woke the driver.
@@ -1137,16 +1190,47 @@ impl CandidateDriver {
     async fn try_create_key(&mut self) -> Result<i64> {
         let lease = self.backend.lease(&self.config).await?;
         self.own_key = format!("{}{:016x}-{}", self.prefix, lease.id, self.serial).into_bytes();
-        let key = self.own_key.clone();
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.clone(),
-                self.id.clone(),
-                Some(PutOptions::new().with_lease(lease.id)),
-            )])
-            .or_else([TxnOp::get(key.clone(), None)]);
         self.lease = Some(lease.clone());
+        // Twice at most: the second attempt follows the removal of a stale id entry.
+        for _ in 0..2 {
+            match self.create_once(lease.id).await? {
+                Created::Key(revision) => return Ok(revision),
+                Created::IdTakenBy(holder) => {
+                    if !self.clear_stale_id_entry(&holder).await? {
+                        return Err(Error::DuplicateId {
+                            election: self.election.clone(),
+                            id: self.id.clone(),
+                            entry: String::from_utf8_lossy(holder.value()).into_owned(),
+                        });
+                    }
+                }
+            }
+        }
+        Err(Error::Backend {
+            backend: "etcd",
+            operation: "create candidate key",
+            detail: "the candidate id entry keeps changing".into(),
+        })
+    }
+
+    /// One create transaction: our entry and our id entry, both bound to the lease, only if
+    /// neither exists.
+    async fn create_once(&mut self, lease: i64) -> Result<Created> {
+        let key = self.own_key.clone();
+        let leased = || Some(PutOptions::new().with_lease(lease));
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                Compare::create_revision(self.id_key.clone(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(key.clone(), self.entry.clone(), leased()),
+                TxnOp::put(self.id_key.clone(), key.clone(), leased()),
+            ])
+            .or_else([
+                TxnOp::get(key.clone(), None),
+                TxnOp::get(self.id_key.clone(), None),
+            ]);
         let response = match request(
             &self.backend.stats,
             "create candidate key",
@@ -1163,24 +1247,45 @@ impl CandidateDriver {
             }
         };
         if response.succeeded() {
-            return Ok(response.header().map_or(0, |h| h.revision()));
+            return Ok(Created::Key(response.header().map_or(0, |h| h.revision())));
         }
-        // The key exists: an earlier attempt of ours whose answer was lost. Adopt it only if
-        // it is bound to our lease.
-        for op in response.op_responses() {
-            if let TxnOpResponse::Get(get) = op {
-                if let Some(kv) = get.kvs().first() {
-                    if kv.lease() == lease.id {
-                        return Ok(kv.create_revision());
-                    }
-                }
-            }
+        // Our key exists: an earlier attempt of ours whose answer was lost (it created the id
+        // entry too). Adopt it only if it is bound to our lease. Else the id is taken.
+        let mut gets = response.op_responses().into_iter().map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+            _ => None,
+        });
+        let (own, id_entry) = (gets.next().flatten(), gets.next().flatten());
+        if let Some(kv) = own.filter(|kv| kv.lease() == lease) {
+            return Ok(Created::Key(kv.create_revision()));
+        }
+        // Another candidate's, or a stale one of ours whose entry was deleted behind our back.
+        if let Some(holder) = id_entry {
+            return Ok(Created::IdTakenBy(holder));
         }
         Err(Error::Backend {
             backend: "etcd",
             operation: "create candidate key",
             detail: "the key exists with another lease".into(),
         })
+    }
+
+    /// An id entry whose candidate entry is gone (deleted behind baton's back, say) is stale:
+    /// removes it, unless it changed meanwhile. Returns whether it was stale.
+    async fn clear_stale_id_entry(&mut self, holder: &etcd_client::KeyValue) -> Result<bool> {
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(holder.value().to_vec(), CompareOp::Equal, 0),
+                Compare::mod_revision(self.id_key.clone(), CompareOp::Equal, holder.mod_revision()),
+            ])
+            .and_then([TxnOp::delete(self.id_key.clone(), None)]);
+        let response = request(
+            &self.backend.stats,
+            "clear stale id entry",
+            self.client.txn(txn),
+        )
+        .await?;
+        Ok(response.succeeded())
     }
 
     /// Watches our own key (deletions only) from `start_revision`.
@@ -1385,9 +1490,18 @@ impl CandidateDriver {
 
     /// Deletes our key name in one transaction guarded by `condition`, within the delete bound.
     async fn delete_own_key_if(&mut self, condition: Compare) -> Result<()> {
-        let txn = Txn::new()
-            .when([condition])
-            .and_then([TxnOp::delete(self.own_key.clone(), None)]);
+        // The id entry goes with our key, but only if it is ours (it names our key).
+        let id_entry = Txn::new()
+            .when([Compare::value(
+                self.id_key.clone(),
+                CompareOp::Equal,
+                self.own_key.clone(),
+            )])
+            .and_then([TxnOp::delete(self.id_key.clone(), None)]);
+        let txn = Txn::new().when([condition]).and_then([
+            TxnOp::delete(self.own_key.clone(), None),
+            TxnOp::txn(id_entry),
+        ]);
         request_within(
             DELETE_TIMEOUT,
             &self.backend.stats,

@@ -26,7 +26,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::url::CANDIDATES_MARKER;
+use crate::url::is_reserved;
 
 /// A comparison in a [`FencedTxn`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,7 +153,7 @@ pub(crate) fn validate_key(key: &str) -> Result<()> {
         Some("must not be empty")
     } else if !key.starts_with('/') {
         Some("must be absolute (start with '/')")
-    } else if key.split('/').any(|segment| segment == CANDIDATES_MARKER) {
+    } else if key.split('/').any(is_reserved) {
         Some("is inside an election's candidate entries, which only baton writes")
     } else {
         None

@@ -34,7 +34,9 @@ pub use backend::Backend;
 pub use baton_core::{
     format_duration, parse_duration, ElectionConfig, Fence, LossReason, StaleToken,
 };
-pub use election::{Candidacy, Election, LeaderInfo, Leadership, Observed, Observer};
+pub use election::{
+    Candidacy, CandidateOptions, Election, LeaderInfo, Leadership, Observed, Observer,
+};
 pub use error::{Error, Result};
 pub use fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
 pub use stats::StatsSnapshot;

@@ -11,6 +11,17 @@ const DEFAULT_PREFIX: &str = "/baton";
 /// `candidates_scope`).
 pub(crate) const CANDIDATES_MARKER: &str = "@candidates";
 
+/// The segment under an election that holds one entry per live candidate id
+/// (`<prefix>/<election>/@ids/<id>`, bound to the candidate's lease), so that two live
+/// candidates with the same id are detected.
+pub(crate) const IDS_MARKER: &str = "@ids";
+
+/// Whether `segment` is one baton reserves inside an election's keys: neither an election name
+/// nor a segment of a prefix may be one, so no two elections share a key.
+pub(crate) fn is_reserved(segment: &str) -> bool {
+    segment == CANDIDATES_MARKER || segment == IDS_MARKER
+}
+
 /// A parsed backend URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendUrl {
@@ -77,13 +88,10 @@ impl BackendUrl {
         if prefix.contains("//") || prefix.chars().any(char::is_control) {
             return Err(invalid("prefix has empty segments or control characters"));
         }
-        if prefix
-            .split('/')
-            .any(|segment| segment == CANDIDATES_MARKER)
-        {
+        if let Some(segment) = prefix.split('/').find(|segment| is_reserved(segment)) {
             return Err(invalid(&format!(
-                "prefix must not contain the segment {CANDIDATES_MARKER:?} (reserved for the \
-                 candidates of an election)"
+                "prefix must not contain the segment {segment:?} (reserved for the candidates \
+                 of an election)"
             )));
         }
         Ok(BackendUrl::Etcd { endpoints, prefix })

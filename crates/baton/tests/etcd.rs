@@ -229,7 +229,10 @@ async fn ttl_above_etcds_maximum_is_rejected() {
     match baton::Election::new(&backend, "ttl", above) {
         Err(error @ baton::Error::Config(_)) => {
             let message = error.to_string();
-            assert!(message.contains("above this backend's maximum"), "{message}")
+            assert!(
+                message.contains("above this backend's maximum"),
+                "{message}"
+            )
         }
         other => panic!("expected a Config error, got {other:?}"),
     }
@@ -361,4 +364,14 @@ async fn refused_connection_during_a_campaign_is_unreachable() {
             .any(|cause| message.contains(cause)),
         "{message}"
     );
+}
+
+#[tokio::test]
+async fn leader_value_participants_and_campaign_timeout() {
+    check_leader_value_participants_and_campaign_timeout(&url()).await;
+}
+
+#[tokio::test]
+async fn duplicate_ids_are_refused() {
+    check_duplicate_ids_are_refused(&url()).await;
 }

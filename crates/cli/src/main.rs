@@ -200,6 +200,7 @@ fn is_input_error(error: &anyhow::Error) -> bool {
                     | baton::Error::InvalidName { .. }
                     | baton::Error::Unsupported(_)
                     | baton::Error::Unreachable { .. }
+                    | baton::Error::DuplicateId { .. }
             )
         )
     })

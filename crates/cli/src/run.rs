@@ -38,6 +38,10 @@ pub struct RunArgs {
     /// This candidate's id, shown by `baton leader` [default: HOSTNAME-PID].
     #[arg(long, env = "BATON_ID")]
     id: Option<String>,
+    /// A value published with this candidate (say, the address it serves on), shown by
+    /// `baton leader` and `baton observe`.
+    #[arg(long, env = "BATON_VALUE")]
+    value: Option<String>,
     /// Lease TTL: how long a crashed leader blocks the election.
     #[arg(long, default_value = "10s", value_parser = duration)]
     ttl: Duration,
@@ -190,7 +194,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     })?;
     let cage = Arc::new(cage);
     let _cage_dir = CageGuard(cage.clone());
-    let mut candidacy = election.candidacy(&id)?;
+    let mut options = baton::CandidateOptions::default();
+    if let Some(value) = &args.value {
+        options = options.with_value(value.clone());
+    }
+    let mut candidacy = election.candidacy_with(&id, options)?;
     note(
         &name,
         format_args!("campaigning as {id:?}; containment: {}", cage.describe()),

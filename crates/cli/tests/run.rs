@@ -269,6 +269,10 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         "lab --algorithms paxos",
         "lab --nodes 1",
         "bench handoff --backend etcd://127.0.0.1:1/x",
+        "run --backend URL --election e --ttl 9000000001s -- true",
+        "run --backend URL --election @candidates -- true",
+        "run --backend URL/@ids --election e -- true",
+        "run --backend URL --election e --containment jail -- true",
     ];
     let url = url();
     for case in cases {
@@ -374,4 +378,46 @@ fn the_term_lasts_while_what_the_command_left_running_lives() {
         stderr.contains("processes it started still run"),
         "{stderr}"
     );
+}
+
+/// `--value` is published with the candidate and shown by `baton leader`; a second live
+/// candidate with the same id is refused with one line and exit code 2.
+#[test]
+fn leader_value_is_shown_and_duplicate_ids_are_refused() {
+    let dir = scratch("value");
+    let election = unique("value");
+    let mut a = run_script(
+        &election,
+        &["--id", "same", "--value", "10.0.0.7:8080"],
+        &format!("touch {}/running; exec sleep 600", dir.display()),
+    )
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_for("a runs", Duration::from_secs(5), || {
+        dir.join("running").exists().then_some(())
+    });
+    let leader = baton()
+        .args(["leader", "--backend", &url(), "--election", &election])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(leader.stdout).unwrap();
+    assert!(text.contains("\"id\":\"same\""), "{text}");
+    assert!(text.contains("\"value\":\"10.0.0.7:8080\""), "{text}");
+    let duplicate = run_script(&election, &["--id", "same"], "true")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&duplicate.stderr);
+    assert_eq!(duplicate.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("already campaigning"), "{stderr}");
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("baton: error"))
+            .count(),
+        1,
+        "{stderr}"
+    );
+    signal(a.id() as i32, libc::SIGTERM);
+    let _ = a.wait();
 }

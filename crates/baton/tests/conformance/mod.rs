@@ -41,7 +41,8 @@ pub async fn check_single_candidate_leads_and_resigns(url: &str) {
         election.leader().await.unwrap(),
         Some(LeaderInfo {
             id: "a".into(),
-            token: leadership.token()
+            token: leadership.token(),
+            value: None,
         })
     );
     leadership.resign().await;
@@ -125,7 +126,8 @@ pub async fn check_observe_reports_every_change(url: &str) {
         seen,
         Some(Observed::Leader(Some(LeaderInfo {
             id: "a".into(),
-            token: a.token()
+            token: a.token(),
+            value: None,
         })))
     );
     let b_waiting = tokio::spawn(async move { b_election.campaign("b").await });
@@ -137,7 +139,8 @@ pub async fn check_observe_reports_every_change(url: &str) {
         seen,
         Some(Observed::Leader(Some(LeaderInfo {
             id: "b".into(),
-            token: b.token()
+            token: b.token(),
+            value: None,
         })))
     );
     b.resign().await;
@@ -361,14 +364,16 @@ pub async fn check_nested_prefixes_are_independent(url: &str) {
         inner.leader().await.unwrap(),
         Some(LeaderInfo {
             id: "inner".into(),
-            token: inner_lead.token()
+            token: inner_lead.token(),
+            value: None,
         })
     );
     assert_eq!(
         outer.leader().await.unwrap(),
         Some(LeaderInfo {
             id: "outer".into(),
-            token: outer_lead.token()
+            token: outer_lead.token(),
+            value: None,
         })
     );
     // A write fenced by one election's token is refused under the other election.
@@ -729,4 +734,84 @@ pub async fn check_fenced_operations(url: &str) {
         b.fenced_get(&counter).await.unwrap(),
         Some(b"from b".to_vec())
     );
+}
+
+/// A leader value (say, an address) is published with the candidacy; `participants` lists the
+/// queue in order; a campaign with a timeout gives up and leaves the queue.
+pub async fn check_leader_value_participants_and_campaign_timeout(url: &str) {
+    use baton::CandidateOptions;
+    let backend = Backend::connect(url).await.unwrap();
+    let election = Election::new(&backend, &unique("value"), config()).unwrap();
+    let with_value = |v: &str| CandidateOptions::default().with_value(v);
+    let a = election
+        .campaign_with("a", with_value("10.0.0.1:8080"))
+        .await
+        .unwrap();
+    let leader = election.leader().await.unwrap().unwrap();
+    assert_eq!(leader.value.as_deref(), Some("10.0.0.1:8080"));
+    assert_eq!(leader.token, a.token());
+    let b = election.candidacy("b").unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let c = election
+        .candidacy_with("c", with_value("multi\nline"))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let participants = election.participants().await.unwrap();
+    let ids: Vec<&str> = participants.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert_eq!(participants[1].value, None);
+    assert_eq!(participants[2].value.as_deref(), Some("multi\nline"));
+    // A campaign that cannot win within its timeout gives up and leaves the queue.
+    let started = std::time::Instant::now();
+    let timeout = CandidateOptions::default().with_campaign_timeout(Duration::from_millis(300));
+    match election.campaign_with("d", timeout).await {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(election.participants().await.unwrap().len(), 3);
+    drop((b, c));
+    a.resign().await;
+}
+
+/// Two live candidates with the same id: the second is refused with `DuplicateId` (with
+/// requeue it waits, and wins once the first is gone); the id is free again after a resign.
+pub async fn check_duplicate_ids_are_refused(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let other = Backend::connect(url).await.unwrap();
+    let name = unique("dup");
+    let election = Election::new(&backend, &name, config()).unwrap();
+    let elsewhere = Election::new(&other, &name, config()).unwrap();
+    let first = election.campaign("same").await.unwrap();
+    match within(
+        "duplicate",
+        Duration::from_secs(3),
+        elsewhere.campaign("same"),
+    )
+    .await
+    {
+        Err(error @ Error::DuplicateId { .. }) => {
+            assert!(error.to_string().contains("\"same\""), "{error}");
+        }
+        other => panic!("expected DuplicateId, got {other:?}"),
+    }
+    // The same process, too.
+    assert!(matches!(
+        election.campaign("same").await,
+        Err(Error::DuplicateId { .. })
+    ));
+    assert_eq!(election.participants().await.unwrap().len(), 1);
+    // With requeue the second waits for the id to be free, then wins.
+    let requeue = Election::new(&other, &name, config().with_requeue(true)).unwrap();
+    let mut second = requeue.candidacy("same").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.resign().await;
+    let won = within("second wins", Duration::from_secs(5), second.next())
+        .await
+        .unwrap();
+    assert!(won.is_leading());
+    second.resign().await;
+    // Free again: a plain campaign with the id succeeds.
+    election.campaign("same").await.unwrap().resign().await;
 }
