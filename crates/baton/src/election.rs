@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::backend::{Backend, BackendKind};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedTxn, FencedTxnResponse};
+use crate::runner::Runner;
 use crate::session::{LeaseView, LeaseWatch};
 use crate::url::is_reserved;
 
@@ -194,6 +195,11 @@ impl Election {
         self.start_candidacy(id, options, self.config.requeue)
     }
 
+    /// A callback-style runner for candidate `id`: see [`Runner`].
+    pub fn runner(&self, id: &str) -> Runner {
+        Runner::new(self.clone(), id.to_string())
+    }
+
     /// Every candidate in queue order: the leader first, then the waiters in the order they
     /// would take over.
     pub async fn participants(&self) -> Result<Vec<LeaderInfo>> {
@@ -203,7 +209,7 @@ impl Election {
         }
     }
 
-    fn start_candidacy(
+    pub(crate) fn start_candidacy(
         &self,
         id: &str,
         options: CandidateOptions,

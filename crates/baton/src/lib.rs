@@ -24,6 +24,7 @@ mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod fenced;
+mod runner;
 mod session;
 mod stats;
 mod url;
@@ -39,5 +40,6 @@ pub use election::{
 };
 pub use error::{Error, Result};
 pub use fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
+pub use runner::{Runner, Stopped};
 pub use stats::StatsSnapshot;
 pub use url::BackendUrl;

@@ -375,3 +375,8 @@ async fn leader_value_participants_and_campaign_timeout() {
 async fn duplicate_ids_are_refused() {
     check_duplicate_ids_are_refused(&url()).await;
 }
+
+#[tokio::test]
+async fn runner_callbacks() {
+    check_runner_callbacks(&url(), delete_leader_key).await;
+}

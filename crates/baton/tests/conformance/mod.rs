@@ -815,3 +815,70 @@ pub async fn check_duplicate_ids_are_refused(url: &str) {
     // Free again: a plain campaign with the id succeeds.
     election.campaign("same").await.unwrap().resign().await;
 }
+
+/// The callback runner: the job runs while leading and is dropped the moment leadership is
+/// lost (before `on_stopped_leading`), the runner campaigns again and reruns it with a larger
+/// token, `on_new_leader` sees every change, and shutdown resigns.
+pub async fn check_runner_callbacks(url: &str, delete_leader_key: impl AsyncFnOnce(&str)) {
+    use baton::Stopped;
+    use std::sync::{Arc, Mutex};
+    let backend = Backend::connect(url).await.unwrap();
+    let name = unique("runner");
+    let election = Election::new(&backend, &name, config()).unwrap();
+    let events: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (tokens_tx, mut tokens) = tokio::sync::mpsc::unbounded_channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    /// Records when the job's future is dropped.
+    struct Dropped(Arc<Mutex<Vec<String>>>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.lock().unwrap().push("job dropped".into());
+        }
+    }
+    let (seen, stopped, in_job) = (events.clone(), events.clone(), events.clone());
+    let runner = election
+        .runner("r")
+        .on_new_leader(move |leader| {
+            let text = leader.map_or("none".to_string(), |l| format!("leader {}", l.id));
+            seen.lock().unwrap().push(text);
+        })
+        .on_stopped_leading(move |why| stopped.lock().unwrap().push(format!("{why:?}")));
+    let task = tokio::spawn(runner.run(
+        move |leadership| {
+            let tokens_tx = tokens_tx.clone();
+            let guard = Dropped(in_job.clone());
+            async move {
+                let _guard = guard;
+                tokens_tx.send(leadership.token()).unwrap();
+                std::future::pending::<()>().await
+            }
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let first = within("first term", Duration::from_secs(5), tokens.recv())
+        .await
+        .unwrap();
+    delete_leader_key(&name).await;
+    let second = within("second term", Duration::from_secs(5), tokens.recv())
+        .await
+        .unwrap();
+    assert!(second > first);
+    stop_tx.send(()).unwrap();
+    within("runner returns", Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(election.leader().await.unwrap(), None);
+    let events = events.lock().unwrap().clone();
+    let lost = format!("{:?}", Stopped::Lost(LossReason::KeyDeleted));
+    let at = |what: &str| events.iter().position(|e| e == what);
+    let (dropped, lost_at) = (at("job dropped").unwrap(), at(&lost).unwrap());
+    assert!(dropped < lost_at, "{events:?}");
+    assert!(
+        events.contains(&format!("{:?}", Stopped::Shutdown)),
+        "{events:?}"
+    );
+    assert!(events.iter().any(|e| e == "leader r"), "{events:?}");
+}
