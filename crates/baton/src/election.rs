@@ -108,12 +108,13 @@ impl std::fmt::Debug for GuardContext {
 
 /// A named job that needs exactly one leader.
 ///
-/// ```no_run
-/// # async fn demo() -> baton::Result<()> {
+/// ```
+/// # #[tokio::main] async fn main() -> baton::Result<()> {
+/// # let url = std::env::var("BATON_BACKEND").unwrap_or("etcd://127.0.0.1:2379/baton".into());
 /// use baton::{Backend, Election, ElectionConfig};
 /// use std::time::Duration;
 ///
-/// let backend = Backend::connect("etcd://127.0.0.1:2379/baton").await?;
+/// let backend = Backend::connect(&url).await?;
 /// let config = ElectionConfig::default().with_ttl(Duration::from_secs(5));
 /// let election = Election::new(&backend, "cron", config)?;
 /// let leadership = election.campaign("host-a").await?;

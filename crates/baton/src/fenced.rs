@@ -6,8 +6,13 @@
 //! while the token leads (else [`crate::Error::Fenced`]). A counter kept by the leader is a
 //! fenced read followed by a fenced compare-and-swap:
 //!
-//! ```no_run
-//! # async fn demo(leadership: &baton::Leadership) -> baton::Result<()> {
+//! ```
+//! # #[tokio::main] async fn main() -> baton::Result<()> {
+//! # let url = std::env::var("BATON_BACKEND").unwrap_or("etcd://127.0.0.1:2379/baton".into());
+//! # let backend = baton::Backend::connect(&url).await?;
+//! # let config = baton::ElectionConfig::default().with_ttl(std::time::Duration::from_secs(5));
+//! # let election = baton::Election::new(&backend, "counter-doc", config)?;
+//! # let leadership = election.campaign("host-a").await?;
 //! use baton::FencedTxn;
 //! let old = leadership.fenced_get("/jobs/counter").await?;
 //! let next = old
@@ -22,6 +27,7 @@
 //! if !outcome.succeeded {
 //!     // Someone else changed it between the read and the write: read again.
 //! }
+//! # leadership.resign().await;
 //! # Ok(()) }
 //! ```
 

@@ -33,7 +33,8 @@ mod watch_hub;
 
 pub use backend::Backend;
 pub use baton_core::{
-    format_duration, parse_duration, ElectionConfig, Fence, LossReason, StaleToken,
+    format_duration, parse_duration, BackendLimits, ConfigError, DurationError, ElectionConfig,
+    Fence, LossReason, StaleToken,
 };
 pub use election::{
     Candidacy, CandidateOptions, Election, LeaderInfo, Leadership, Observed, Observer,
@@ -42,4 +43,9 @@ pub use error::{Error, Result};
 pub use fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
 pub use runner::{Runner, Stopped};
 pub use stats::StatsSnapshot;
+
+/// The README's examples, compiled and run as doctests (they read `BATON_BACKEND`).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
 pub use url::BackendUrl;

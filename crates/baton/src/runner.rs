@@ -2,8 +2,12 @@
 //! `leaderelection` (OnStartedLeading / OnStoppedLeading / OnNewLeader) or Curator's
 //! `LeaderSelector`.
 //!
-//! ```no_run
-//! # async fn demo(election: baton::Election) -> baton::Result<()> {
+//! ```
+//! # #[tokio::main] async fn main() -> baton::Result<()> {
+//! # let url = std::env::var("BATON_BACKEND").unwrap_or("etcd://127.0.0.1:2379/baton".into());
+//! # let backend = baton::Backend::connect(&url).await?;
+//! # let config = baton::ElectionConfig::default().with_ttl(std::time::Duration::from_secs(5));
+//! # let election = baton::Election::new(&backend, "runner-doc", config)?;
 //! use std::sync::Arc;
 //! let runner = election
 //!     .runner("host-a")
@@ -16,7 +20,8 @@
 //!             let _ = leadership.guarded_put("/jobs/cron/owner", "host-a").await;
 //!             std::future::pending::<()>().await
 //!         },
-//!         async { let _ = tokio::signal::ctrl_c().await; },
+//!         // Your shutdown signal, such as `tokio::signal::ctrl_c()`.
+//!         tokio::time::sleep(std::time::Duration::from_millis(200)),
 //!     )
 //!     .await
 //! # }

@@ -16,7 +16,8 @@ pub struct StaleToken {
 /// checking first and writing later would let a stale holder slip in between.
 ///
 /// ```
-/// use baton_core::Fence;
+/// # use baton_core::Fence;
+/// // `baton::Fence` in the `baton` crate.
 /// let mut fence = Fence::new();
 /// assert!(fence.admit(7).is_ok());
 /// assert!(fence.admit(7).is_ok()); // the same leader may write again
