@@ -8,6 +8,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::backend::{Backend, BackendKind};
 use crate::error::{Error, Result};
+use crate::health::LeaseHealth;
 use crate::session::{LeaseView, LeaseWatch};
 use crate::url::CANDIDATES_MARKER;
 
@@ -123,6 +124,7 @@ impl Election {
     /// loss, yielding one [`Leadership`] per term of office from [`Candidacy::next`].
     pub fn candidacy(&self, id: &str) -> Result<Candidacy> {
         validate_name("candidate id", id)?;
+        crate::metrics::campaigning(&self.name);
         let (leaderships_tx, leaderships) = mpsc::channel(1);
         let (commands, commands_rx) = mpsc::channel(4);
         match self.backend.kind() {
@@ -296,6 +298,11 @@ impl Leadership {
         self.lease.tokio_deadline()
     }
 
+    /// The lease under this leadership, for health checks: see [`LeaseHealth`].
+    pub fn lease_health(&self) -> LeaseHealth {
+        LeaseHealth::new(self.lease.clone())
+    }
+
     /// Whether we may still act: not lost, and before the local deadline (counting time the
     /// host spent suspended).
     pub fn is_leading(&self) -> bool {
@@ -378,6 +385,7 @@ pub(crate) async fn wait_lost(
     let LeaseWatch {
         view: mut lease,
         clock,
+        ..
     } = lease;
     loop {
         match *status.borrow_and_update() {

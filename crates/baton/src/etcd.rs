@@ -61,6 +61,7 @@ pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
 }
 
 fn backend_error(operation: &'static str, error: etcd_client::Error) -> Error {
+    crate::metrics::backend_error(operation);
     Error::Backend {
         backend: "etcd",
         operation,
@@ -97,10 +98,13 @@ async fn timed<T>(
     match tokio::time::timeout(limit, call).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(backend_error(operation, error)),
-        Err(_) => Err(Error::Timeout {
-            operation,
-            after_ms: limit.as_millis() as u64,
-        }),
+        Err(_) => {
+            crate::metrics::backend_error(operation);
+            Err(Error::Timeout {
+                operation,
+                after_ms: limit.as_millis() as u64,
+            })
+        }
     }
 }
 
@@ -319,6 +323,7 @@ impl EtcdBackend {
             own_watch: None,
             predecessor_watch: None,
             status: None,
+            term_metrics: None,
             commands,
             commands_rx,
             leaderships,
@@ -696,6 +701,8 @@ struct CandidateDriver {
     predecessor_watch: Option<DeletionWatch>,
     /// The status channel of the current leadership.
     status: Option<watch::Sender<Status>>,
+    /// The current leadership's metrics (`baton_is_leader` and time left), ended by dropping.
+    term_metrics: Option<crate::metrics::Term>,
     commands: mpsc::Sender<Command>,
     commands_rx: mpsc::Receiver<Command>,
     leaderships: mpsc::Sender<Box<Result<Leadership>>>,
@@ -775,6 +782,7 @@ impl CandidateDriver {
                 }
             });
         }
+        self.term_metrics = None;
         for ack in self.resign_acks.drain(..) {
             let _ = ack.send(());
         }
@@ -797,6 +805,7 @@ impl CandidateDriver {
                     if let Some(status) = self.status.take() {
                         status.send_replace(Status::Resigned);
                     }
+                    self.term_metrics = None;
                     self.step_down_acks.extend(ack);
                     self.core.step_down();
                 } else {
@@ -1208,6 +1217,10 @@ impl CandidateDriver {
         }
         let lease = self.lease.as_ref().expect("elected under a lease");
         self.backend.note_token(&self.election, token);
+        self.term_metrics = Some(crate::metrics::Term::begin(
+            &self.election,
+            &lease.handle.watch,
+        ));
         let (status_tx, status_rx) = watch::channel(Status::Leading);
         self.status = Some(status_tx);
         let leadership = Leadership::new(
@@ -1233,6 +1246,8 @@ impl CandidateDriver {
         if let Some(status) = self.status.take() {
             status.send_replace(Status::Lost(reason));
         }
+        self.term_metrics = None;
+        crate::metrics::lost(&self.election, reason);
         if reason == LossReason::TokenRegressed {
             // Final even with requeue: the caller must hear why.
             let error = Error::TokenRegressed {

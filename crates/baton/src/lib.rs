@@ -23,6 +23,8 @@ mod election;
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod health;
+pub mod metrics;
 mod session;
 mod stats;
 mod url;
@@ -35,5 +37,6 @@ pub use baton_core::{
 };
 pub use election::{Candidacy, Election, LeaderInfo, Leadership, Observer};
 pub use error::{Error, Result};
+pub use health::LeaseHealth;
 pub use stats::StatsSnapshot;
 pub use url::BackendUrl;
