@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::backend::{Backend, BackendKind};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedTxn, FencedTxnResponse};
+use crate::health::LeaseHealth;
 use crate::runner::Runner;
 use crate::session::{LeaseView, LeaseWatch};
 use crate::url::is_reserved;
@@ -232,6 +233,7 @@ impl Election {
             value: options.value,
             config: self.config.clone().with_requeue(requeue),
         };
+        crate::metrics::campaigning(&self.name);
         let (leaderships_tx, leaderships) = mpsc::channel(1);
         let (commands, commands_rx) = mpsc::channel(4);
         match self.backend.kind() {
@@ -424,6 +426,11 @@ impl Leadership {
         self.lease.tokio_deadline()
     }
 
+    /// The lease under this leadership, for health checks: see [`LeaseHealth`].
+    pub fn lease_health(&self) -> LeaseHealth {
+        LeaseHealth::new(self.lease.clone())
+    }
+
     /// Whether we may still act: not lost, and before the local deadline (counting time the
     /// host spent suspended).
     pub fn is_leading(&self) -> bool {
@@ -541,6 +548,7 @@ pub(crate) async fn wait_lost(
     let LeaseWatch {
         view: mut lease,
         clock,
+        ..
     } = lease;
     loop {
         match *status.borrow_and_update() {

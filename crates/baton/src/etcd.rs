@@ -57,6 +57,7 @@ pub(crate) const LIMITS: baton_core::BackendLimits = baton_core::BackendLimits {
 };
 
 fn backend_error(operation: &'static str, error: etcd_client::Error) -> Error {
+    crate::metrics::backend_error(operation);
     // gRPC's UNAVAILABLE (14) is what a refused or broken connection becomes.
     const UNAVAILABLE: i32 = 14;
     let unreachable = match &error {
@@ -111,10 +112,13 @@ async fn timed<T>(
     match tokio::time::timeout(limit, call).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(backend_error(operation, error)),
-        Err(_) => Err(Error::Timeout {
-            operation,
-            after_ms: limit.as_millis() as u64,
-        }),
+        Err(_) => {
+            crate::metrics::backend_error(operation);
+            Err(Error::Timeout {
+                operation,
+                after_ms: limit.as_millis() as u64,
+            })
+        }
     }
 }
 
@@ -339,6 +343,7 @@ impl EtcdBackend {
             own_watch: None,
             predecessor_watch: None,
             status: None,
+            term_metrics: None,
             commands,
             commands_rx,
             leaderships,
@@ -836,6 +841,8 @@ struct CandidateDriver {
     predecessor_watch: Option<DeletionWatch>,
     /// The status channel of the current leadership.
     status: Option<watch::Sender<Status>>,
+    /// The current leadership's metrics (`baton_is_leader` and time left), ended by dropping.
+    term_metrics: Option<crate::metrics::Term>,
     commands: mpsc::Sender<Command>,
     commands_rx: mpsc::Receiver<Command>,
     leaderships: mpsc::Sender<Box<Result<Leadership>>>,
@@ -929,6 +936,7 @@ impl CandidateDriver {
                 }
             });
         }
+        self.term_metrics = None;
         for ack in self.resign_acks.drain(..) {
             let _ = ack.send(());
         }
@@ -951,6 +959,7 @@ impl CandidateDriver {
                     if let Some(status) = self.status.take() {
                         status.send_replace(Status::Resigned);
                     }
+                    self.term_metrics = None;
                     self.step_down_acks.extend(ack);
                     self.core.step_down();
                 } else {
@@ -1414,6 +1423,10 @@ impl CandidateDriver {
         }
         let lease = self.lease.as_ref().expect("elected under a lease");
         self.backend.note_token(&self.election, token);
+        self.term_metrics = Some(crate::metrics::Term::begin(
+            &self.election,
+            &lease.handle.watch,
+        ));
         let (status_tx, status_rx) = watch::channel(Status::Leading);
         self.status = Some(status_tx);
         let leadership = Leadership::new(
@@ -1440,6 +1453,8 @@ impl CandidateDriver {
         if let Some(status) = self.status.take() {
             status.send_replace(Status::Lost(reason));
         }
+        self.term_metrics = None;
+        crate::metrics::lost(&self.election, reason);
         if reason == LossReason::TokenRegressed {
             // Final even with requeue: the caller must hear why.
             let error = Error::TokenRegressed {

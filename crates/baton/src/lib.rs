@@ -24,6 +24,8 @@ mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod fenced;
+mod health;
+pub mod metrics;
 mod runner;
 mod session;
 mod stats;
@@ -41,6 +43,7 @@ pub use election::{
 };
 pub use error::{Error, Result};
 pub use fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
+pub use health::LeaseHealth;
 pub use runner::{Runner, Stopped};
 pub use stats::StatsSnapshot;
 

@@ -10,6 +10,8 @@
 //! holder's `lost()` resolves.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use baton_core::{ElectionConfig, LeaseAction, LeaseCore};
@@ -17,6 +19,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::clock::{Alarm, Clock};
 use crate::error::{Error, Result};
+use crate::metrics::DeadlineGauges;
 
 /// What holders see of a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,11 +47,43 @@ pub(crate) trait LeaseTransport: Send + 'static {
     fn revoke(&mut self) -> impl Future<Output = Result<()>> + Send;
 }
 
-/// What a holder keeps of a lease: its view, and the clock its deadline is on.
+/// What a holder keeps of a lease: its view, the clock its deadline is on, and what the
+/// driver records for health checks and metrics.
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseWatch {
     pub(crate) view: watch::Receiver<LeaseView>,
     pub(crate) clock: Clock,
+    pub(crate) record: Arc<LeaseRecord>,
+}
+
+/// What the lease driver records beside its view, for [`crate::LeaseHealth`] and metrics.
+#[derive(Debug)]
+pub(crate) struct LeaseRecord {
+    /// [`LeaseCore::acknowledged_send`] as nanoseconds on the lease's clock.
+    acknowledged_send_nanos: AtomicU64,
+    pub(crate) renew_interval: Duration,
+    /// The time-left gauges of the terms held under this lease.
+    pub(crate) deadlines: Arc<DeadlineGauges>,
+}
+
+impl LeaseRecord {
+    /// Takes in the core's state after a grant or an answer. `before` is the acknowledged send
+    /// before the answer: when it moved, the renewal sent then took `now − send` to answer.
+    fn note(
+        &self,
+        core: &LeaseCore,
+        before: Option<baton_core::Instant>,
+        now: baton_core::Instant,
+    ) {
+        let Some(sent) = core.acknowledged_send() else {
+            return;
+        };
+        self.acknowledged_send_nanos
+            .store(sent.as_nanos(), Ordering::Relaxed);
+        if before.is_some_and(|before| before < sent) {
+            crate::metrics::renewal_latency(now - sent);
+        }
+    }
 }
 
 impl LeaseWatch {
@@ -67,6 +102,12 @@ impl LeaseWatch {
             LeaseView::Live { deadline } => Some(self.clock.to_tokio(deadline)),
             LeaseView::Over => None,
         }
+    }
+
+    /// Time since the send of the latest acknowledged grant or renewal, on the lease's clock.
+    pub(crate) fn since_acknowledged_send(&self) -> Duration {
+        let sent = self.record.acknowledged_send_nanos.load(Ordering::Relaxed);
+        self.clock.now() - baton_core::Instant::from_nanos(sent)
     }
 }
 
@@ -148,10 +189,11 @@ pub(crate) async fn start_lease<T: LeaseTransport>(
         Ok(Ok(granted)) => core.handle_granted(clock.now(), granted),
         Ok(Err(error)) => return Err(error),
         Err(_) => {
+            crate::metrics::backend_error("lease grant");
             return Err(Error::Timeout {
                 operation: "lease grant",
                 after_ms: grant_timeout.as_millis() as u64,
-            })
+            });
         }
     }
     if core.poll_action() == Some(LeaseAction::Expired) {
@@ -161,6 +203,13 @@ pub(crate) async fn start_lease<T: LeaseTransport>(
         });
     }
     let deadline = core.deadline().expect("granted");
+    let record = Arc::new(LeaseRecord {
+        acknowledged_send_nanos: AtomicU64::new(0),
+        renew_interval: config.renew_interval(),
+        deadlines: Arc::default(),
+    });
+    record.note(&core, None, clock.now());
+    record.deadlines.publish(deadline - clock.now());
     let (view_tx, view) = watch::channel(LeaseView::Live { deadline });
     let (revoke_tx, revoke_rx) = oneshot::channel();
     let alarm = clock.alarm();
@@ -170,13 +219,47 @@ pub(crate) async fn start_lease<T: LeaseTransport>(
         config,
         alarm,
         clock.clone(),
-        view_tx,
+        Outputs {
+            view: view_tx,
+            record: record.clone(),
+        },
         revoke_rx,
     ));
     Ok(LeaseHandle {
-        watch: LeaseWatch { view, clock },
+        watch: LeaseWatch {
+            view,
+            clock,
+            record,
+        },
         revoke: std::sync::Mutex::new(Some(revoke_tx)),
     })
+}
+
+/// The lease driver's ends of its channels and records.
+struct Outputs {
+    view: watch::Sender<LeaseView>,
+    record: Arc<LeaseRecord>,
+}
+
+impl Outputs {
+    /// Tells holders the lease is over from this moment on.
+    fn over(&self) {
+        self.view.send_replace(LeaseView::Over);
+        self.record.deadlines.publish(Duration::ZERO);
+    }
+
+    /// Publishes the deadline if it moved.
+    fn live(&self, deadline: baton_core::Instant, clock: &Clock) {
+        let live = LeaseView::Live { deadline };
+        let moved = self.view.send_if_modified(|view| {
+            let changed = *view != live;
+            *view = live;
+            changed
+        });
+        if moved {
+            self.record.deadlines.publish(deadline - clock.now());
+        }
+    }
 }
 
 async fn drive_lease<T: LeaseTransport>(
@@ -185,7 +268,7 @@ async fn drive_lease<T: LeaseTransport>(
     config: ElectionConfig,
     mut alarm: Alarm,
     clock: Clock,
-    view_tx: watch::Sender<LeaseView>,
+    outputs: Outputs,
     mut revoke_rx: oneshot::Receiver<End>,
 ) {
     let mut revoke_open = true;
@@ -196,30 +279,34 @@ async fn drive_lease<T: LeaseTransport>(
                 LeaseAction::Renew => {
                     let sent =
                         tokio::time::timeout(send_timeout(&config), transport.send_renewal());
-                    if !matches!(sent.await, Ok(Ok(()))) {
-                        core.handle_renew_failed(clock.now());
+                    match sent.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => core.handle_renew_failed(clock.now()),
+                        Err(_) => {
+                            crate::metrics::backend_error("lease keepalive");
+                            core.handle_renew_failed(clock.now());
+                        }
                     }
                 }
                 LeaseAction::Expired => {
-                    view_tx.send_replace(LeaseView::Over);
+                    outputs.over();
                     return;
                 }
                 LeaseAction::Revoke => {
-                    // Tell holders first: the lease is over from this moment on.
-                    view_tx.send_replace(LeaseView::Over);
+                    outputs.over();
                     let revoke_timeout = send_timeout(&config);
-                    let _ = tokio::time::timeout(revoke_timeout, transport.revoke()).await;
+                    if tokio::time::timeout(revoke_timeout, transport.revoke())
+                        .await
+                        .is_err()
+                    {
+                        crate::metrics::backend_error("lease revoke");
+                    }
                     return;
                 }
             }
         }
         if let Some(deadline) = core.deadline() {
-            let live = LeaseView::Live { deadline };
-            view_tx.send_if_modified(|view| {
-                let changed = *view != live;
-                *view = live;
-                changed
-            });
+            outputs.live(deadline, &clock);
         }
         let timeout = core.poll_timeout();
         let wake = timeout
@@ -235,7 +322,7 @@ async fn drive_lease<T: LeaseTransport>(
             end = &mut revoke_rx, if revoke_open => {
                 revoke_open = false;
                 if end == Ok(End::Lapse) {
-                    view_tx.send_replace(LeaseView::Over);
+                    outputs.over();
                     return;
                 }
                 // Revoked on purpose, or every handle dropped.
@@ -244,7 +331,12 @@ async fn drive_lease<T: LeaseTransport>(
             _ = tokio::time::sleep_until(wake) => core.handle_timeout(clock.now()),
             _ = alarm.fired() => core.handle_timeout(clock.now()),
             answer = transport.next_renewal() => match answer {
-                Ok(ttl) => core.handle_renewed(clock.now(), ttl),
+                Ok(ttl) => {
+                    let now = clock.now();
+                    let before = core.acknowledged_send();
+                    core.handle_renewed(now, ttl);
+                    outputs.record.note(&core, before, now);
+                }
                 Err(_) => core.handle_renew_failed(clock.now()),
             },
         }
@@ -485,6 +577,42 @@ mod tests {
             lost_after > Duration::from_millis(800) && lost_after <= Duration::from_millis(880),
             "{lost_after:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_are_timed_and_a_stall_shows_in_the_lease_health() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _local = ::metrics::set_default_local_recorder(&recorder);
+        let (server, handle) = granted(Duration::from_millis(20)).await;
+        let health = crate::LeaseHealth::new(handle.watch.clone());
+        assert_eq!(health.renew_interval(), TTL / 3);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // A renewal every 667 ms, each answered 40 ms after its send.
+        assert!(health.since_last_renewal() < TTL / 3 + Duration::from_millis(40));
+        let latencies: Vec<f64> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == crate::metrics::RENEWAL_LATENCY)
+            .flat_map(|(.., value)| match value {
+                DebugValue::Histogram(values) => values,
+                other => panic!("{other:?}"),
+            })
+            .map(|value| value.into_inner())
+            .collect();
+        assert_eq!(latencies.len(), 7, "{latencies:?}");
+        for latency in latencies {
+            assert!((latency - 0.040).abs() < 1e-9, "{latency}");
+        }
+        // Renewals stall: the age of the last acknowledged send grows while the lease lives.
+        server.lock().unwrap().partitioned = true;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(health.since_last_renewal() >= Duration::from_secs(1));
+        assert!(health.is_live());
+        local_loss(&handle).await;
+        assert!(!health.is_live());
     }
 
     #[tokio::test(start_paused = true)]

@@ -125,7 +125,11 @@ async fn run(client: Client, stats: Arc<Stats>, mut requests: mpsc::Receiver<Req
             },
             message = next_message(&mut hub.stream) => match message {
                 Ok(Some(response)) => hub.handle_response(response).await,
-                _ => hub.break_all(),
+                Ok(None) => hub.break_all(),
+                Err(_) => {
+                    crate::metrics::backend_error("watch");
+                    hub.break_all();
+                }
             },
         }
     }
@@ -185,6 +189,7 @@ impl Hub {
             if sender.watch(key, Some(options)).await.is_ok() {
                 return true;
             }
+            crate::metrics::backend_error("watch");
             self.break_all();
             return false;
         }
@@ -194,7 +199,10 @@ impl Hub {
                 self.stream = Some(stream.split());
                 true
             }
-            _ => false,
+            _ => {
+                crate::metrics::backend_error("watch");
+                false
+            }
         }
     }
 

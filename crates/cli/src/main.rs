@@ -9,6 +9,7 @@ mod containment;
 mod guard;
 mod log;
 mod run;
+mod serve;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

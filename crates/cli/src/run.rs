@@ -10,6 +10,7 @@
 //! that stops reading it is treated as failed.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +25,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
 use crate::containment::{self, Cage, Mode, CAGE_ENV};
-use crate::{guard, log, open_election, Exit, UsageError, EXIT_LOST};
+use crate::{guard, log, open_election, serve, Exit, UsageError, EXIT_LOST};
 
 /// Flags of `baton run`.
 #[derive(Debug, Args)]
@@ -65,6 +66,10 @@ pub struct RunArgs {
     /// What holds CMD and everything it starts: auto picks the strongest the host allows.
     #[arg(long, env = "BATON_CONTAINMENT", value_enum, default_value_t = Mode::Auto)]
     containment: Mode,
+    /// Serve /metrics (Prometheus), /healthz and /leader over HTTP on this IP:PORT (port 0:
+    /// any free port; the address is printed on stderr) [default: off].
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
     /// The command to run while leader.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -181,6 +186,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
     let mut cont =
         signal(SignalKind::from_raw(libc::SIGCONT)).context("installing a SIGCONT handler")?;
+    // Bound before anything else: an address in use is bad input, reported at once.
+    let endpoint = match args.metrics {
+        Some(address) => Some(serve::bind(address).await?),
+        None => None,
+    };
     let (_backend, election) = open_election(&args.backend, &name, config).await?;
     // Orphans of the guard (should it die) come to us, not to PID 1: we can still kill them.
     containment::become_subreaper().context("becoming a child subreaper")?;
@@ -194,6 +204,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     })?;
     let cage = Arc::new(cage);
     let _cage_dir = CageGuard(cage.clone());
+    let terms = serve::Terms::new(&name);
+    if let Some(endpoint) = endpoint {
+        let address = endpoint
+            .local_addr()
+            .context("reading the --metrics address")?;
+        endpoint.spawn(election.clone(), terms.clone());
+        note(
+            &name,
+            format_args!("serving /metrics, /healthz and /leader on http://{address}"),
+        );
+    }
     let mut options = baton::CandidateOptions::default();
     if let Some(value) = &args.value {
         options = options.with_value(value.clone());
@@ -237,6 +258,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 return Err(error);
             }
         };
+        let term = terms.begin(&leadership);
         // Logged after the start: the command need not wait for stderr.
         note(
             &name,
@@ -246,6 +268,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             Outcome::ChildExited(code) => {
                 // CMD and everything it started are gone; the guard is reaped before we resign.
                 child.kill_all(args.grace).await;
+                drop(term);
                 // Resign the whole candidacy in one step (with --requeue, resigning only the
                 // term would campaign again).
                 candidacy.resign().await;
@@ -262,6 +285,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             Outcome::Stopped(signal) => {
                 stop_child(&mut child, &leadership, args.grace, false).await;
+                drop(term);
                 note(
                     &name,
                     format_args!("stopped on signal {signal}; command stopped, resigning"),
@@ -273,6 +297,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             Outcome::Lost(ending) => {
                 // Stop first, log after: a blocked stderr must not delay the kill.
                 stop_child(&mut child, &leadership, args.grace, ending.immediate()).await;
+                drop(term);
                 note(
                     &name,
                     format_args!("leadership lost ({ending}); command stopped"),

@@ -72,6 +72,8 @@ pub struct LeaseCore {
     grant_sent_at: Option<Instant>,
     granted_ttl: Option<Duration>,
     deadline: Option<Instant>,
+    /// Send time of the latest acknowledged grant or renewal: what the deadline counts from.
+    acknowledged_send: Option<Instant>,
     next_renew_at: Option<Instant>,
     renewals_in_flight: VecDeque<Instant>,
     actions: VecDeque<Action>,
@@ -86,6 +88,7 @@ impl LeaseCore {
             grant_sent_at: None,
             granted_ttl: None,
             deadline: None,
+            acknowledged_send: None,
             next_renew_at: None,
             renewals_in_flight: VecDeque::new(),
             actions: VecDeque::new(),
@@ -102,6 +105,13 @@ impl LeaseCore {
     /// The local deadline, once granted. It never moves backwards while active.
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
+    }
+
+    /// The send time of the latest acknowledged grant or renewal (what the deadline counts
+    /// from), once granted. It never moves backwards. `now` minus it is how long renewals have
+    /// gone unacknowledged; when it moves, `now` minus it is that renewal's round trip.
+    pub fn acknowledged_send(&self) -> Option<Instant> {
+        self.acknowledged_send
     }
 
     /// The TTL the server granted.
@@ -150,6 +160,7 @@ impl LeaseCore {
         self.state = LeaseState::Active;
         self.granted_ttl = Some(granted_ttl);
         self.deadline = Some(sent_at + self.config.local_lease(granted_ttl));
+        self.acknowledged_send = Some(sent_at);
         self.next_renew_at = Some(now + self.config.renew_interval());
         self.expire_if_due(now);
     }
@@ -186,6 +197,11 @@ impl LeaseCore {
         let candidate = sent_at + self.config.local_lease(granted_ttl);
         let deadline = self.deadline.expect("active lease has a deadline");
         self.deadline = Some(deadline.max(candidate));
+        // Sends are acknowledged oldest first, so this only moves forward.
+        assert!(self
+            .acknowledged_send
+            .is_some_and(|previous| previous <= sent_at));
+        self.acknowledged_send = Some(sent_at);
         self.expire_if_due(now);
     }
 
@@ -310,14 +326,34 @@ mod tests {
     #[test]
     fn renewal_extends_from_its_send_time() {
         let mut core = granted(0, 10);
+        assert_eq!(core.acknowledged_send(), Some(at(0)));
         core.handle_timeout(at(609));
         assert_eq!(drain(&mut core), vec![]);
         core.handle_timeout(at(610));
         assert_eq!(drain(&mut core), vec![Action::Renew]);
         assert_eq!(core.poll_timeout(), Some(at(1210)));
+        // Sent, not yet acknowledged.
+        assert_eq!(core.acknowledged_send(), Some(at(0)));
         core.handle_renewed(at(700), ms(2000));
         assert_eq!(drain(&mut core), vec![]);
         assert_eq!(core.deadline(), Some(at(610 + 1880)));
+        assert_eq!(core.acknowledged_send(), Some(at(610)));
+    }
+
+    #[test]
+    fn acknowledged_send_stays_put_while_renewals_go_unanswered() {
+        let mut core = granted(0, 10);
+        for now in [610, 1210] {
+            core.handle_timeout(at(now));
+            assert_eq!(drain(&mut core), vec![Action::Renew]);
+        }
+        core.handle_renew_failed(at(1300));
+        assert_eq!(core.acknowledged_send(), Some(at(0)));
+        // A renewal after the failure, answered: it moves to that send.
+        core.handle_timeout(at(1450));
+        assert_eq!(drain(&mut core), vec![Action::Renew]);
+        core.handle_renewed(at(1460), ms(2000));
+        assert_eq!(core.acknowledged_send(), Some(at(1450)));
     }
 
     #[test]

@@ -2,6 +2,8 @@
 // Each test binary uses a different subset.
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -145,6 +147,17 @@ impl Runner {
         dir: &Path,
         name: &'static str,
     ) -> Runner {
+        Runner::start_with(backend, election, &["--ttl", ttl], dir, name)
+    }
+
+    /// [`Runner::start`] with these flags instead of `--ttl TTL`.
+    pub fn start_with(
+        backend: &str,
+        election: &str,
+        flags: &[&str],
+        dir: &Path,
+        name: &'static str,
+    ) -> Runner {
         let script = format!(
             "echo $BATON_TOKEN > {d}/{n}.token.tmp; mv {d}/{n}.token.tmp {d}/{n}.token; \
              sleep 1000 & echo $! > {d}/{n}.grandchild; echo $$ > {d}/{n}.pid; wait",
@@ -153,15 +166,8 @@ impl Runner {
         );
         let stderr = std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap();
         let child = baton()
-            .args([
-                "run",
-                "--backend",
-                backend,
-                "--election",
-                election,
-                "--ttl",
-                ttl,
-            ])
+            .args(["run", "--backend", backend, "--election", election])
+            .args(flags)
             .args(["--id", name, "--grace", "1s", "--", "sh", "-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

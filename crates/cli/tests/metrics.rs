@@ -1,0 +1,313 @@
+//! `baton run --metrics ADDR`: real processes against the real etcd, read over HTTP. Each node
+//! binds port 0 and says on stderr which port it got.
+
+mod common;
+
+use common::proxy::Proxy;
+use common::*;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// The address a node announced on stderr.
+fn metrics_address(node: &Runner) -> SocketAddr {
+    let marker = "serving /metrics, /healthz and /leader on http://";
+    wait_for(
+        "the metrics address on stderr",
+        Duration::from_secs(5),
+        || {
+            let stderr = node.stderr();
+            let line = stderr.lines().find(|line| line.contains(marker))?;
+            line.split(marker).nth(1)?.trim().parse().ok()
+        },
+    )
+}
+
+/// Sends `request` as is and returns the status code and the body.
+fn exchange(address: SocketAddr, request: &[u8]) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream.write_all(request).unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let response = String::from_utf8(response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a response head");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("Content-Length: "))
+        .and_then(|n| n.parse().ok())
+        .expect("a Content-Length");
+    assert_eq!(body.len(), length, "{response}");
+    (status, body.to_string())
+}
+
+fn get(address: SocketAddr, path: &str) -> (u16, String) {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n");
+    exchange(address, request.as_bytes())
+}
+
+/// The value of the series `name{labels}` (exactly these labels) in a Prometheus exposition.
+fn series(exposition: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    exposition
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (series_name, series_labels) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.strip_suffix('}')?),
+                None => (series, ""),
+            };
+            let mut have: Vec<&str> = series_labels.split(',').filter(|l| !l.is_empty()).collect();
+            have.sort();
+            let mut want: Vec<&str> = wanted.iter().map(String::as_str).collect();
+            want.sort();
+            (series_name == name && have == want).then(|| value.parse().ok())?
+        })
+}
+
+/// Waits until `node`'s `/metrics` has `name{labels}` at `value`; returns the exposition.
+fn wait_series(address: SocketAddr, name: &str, labels: &[(&str, &str)], value: f64) -> String {
+    wait_for(
+        &format!("{name}{labels:?} = {value} at {address}"),
+        Duration::from_secs(5),
+        || {
+            let (status, body) = get(address, "/metrics");
+            assert_eq!(status, 200);
+            (series(&body, name, labels) == Some(value)).then_some(body)
+        },
+    )
+}
+
+fn leader_json(address: SocketAddr) -> serde_json::Value {
+    let (status, body) = get(address, "/leader");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn leadership_moves_between_two_nodes_in_their_metrics_and_leader_json() {
+    let dir = scratch("metrics-handoff");
+    let election = unique("metrics-handoff");
+    let this = [("election", election.as_str())];
+    let flags = ["--ttl", "2s", "--requeue", "--metrics", "127.0.0.1:0"];
+    let a = Runner::start_with(&url(), &election, &flags, &dir, "a");
+    let a_token = a.wait_running(Duration::from_secs(5));
+    let a_address = metrics_address(&a);
+    let b = Runner::start_with(&url(), &election, &flags, &dir, "b");
+    let b_address = metrics_address(&b);
+
+    // a leads and runs the command; b campaigns.
+    let a_metrics = wait_series(a_address, "baton_is_leader", &this, 1.0);
+    assert_eq!(
+        series(&a_metrics, "baton_leadership_transitions_total", &this),
+        Some(1.0)
+    );
+    assert_eq!(
+        series(&a_metrics, "baton_run_command_running", &this),
+        Some(1.0)
+    );
+    assert_eq!(
+        series(&a_metrics, "baton_run_terms_total", &this),
+        Some(1.0)
+    );
+    let remaining = series(&a_metrics, "baton_deadline_remaining_seconds", &this).unwrap();
+    assert!(remaining > 0.0 && remaining < 2.0, "{remaining}");
+    // Renewals are timed (every 667 ms at this TTL).
+    wait_for("a renewal timed", Duration::from_secs(5), || {
+        let (_, body) = get(a_address, "/metrics");
+        let count = series(&body, "baton_renewal_latency_seconds_count", &[])?;
+        (count >= 1.0).then_some(())
+    });
+    let b_metrics = wait_series(b_address, "baton_is_leader", &this, 0.0);
+    assert_eq!(
+        series(&b_metrics, "baton_run_command_running", &this),
+        Some(0.0)
+    );
+    assert_eq!(get(a_address, "/healthz"), (200, "ok\n".to_string()));
+    assert_eq!(get(b_address, "/healthz"), (200, "ok\n".to_string()));
+    let expected =
+        serde_json::json!({"election": election, "leader": {"id": "a", "token": a_token}});
+    for address in [a_address, b_address] {
+        wait_for("the leader seen", Duration::from_secs(5), || {
+            (leader_json(address) == expected).then_some(())
+        });
+    }
+
+    // a's key is deleted: a loses (and campaigns again), b takes over.
+    let a_pid = a.child_pid().unwrap();
+    delete_leader_key(&election);
+    let b_token = b.wait_running(Duration::from_secs(5));
+    assert!(b_token > a_token);
+    wait_for("a's command stopped", Duration::from_secs(2), || {
+        (!alive(a_pid)).then_some(())
+    });
+    let b_metrics = wait_series(b_address, "baton_is_leader", &this, 1.0);
+    assert_eq!(
+        series(&b_metrics, "baton_leadership_transitions_total", &this),
+        Some(1.0)
+    );
+    assert_eq!(
+        series(&b_metrics, "baton_run_command_running", &this),
+        Some(1.0)
+    );
+    let a_metrics = wait_series(a_address, "baton_is_leader", &this, 0.0);
+    let key_deleted = [("election", election.as_str()), ("reason", "key_deleted")];
+    assert_eq!(
+        series(&a_metrics, "baton_losses_total", &key_deleted),
+        Some(1.0)
+    );
+    let a_metrics = wait_series(a_address, "baton_run_command_running", &this, 0.0);
+    assert_eq!(
+        series(&a_metrics, "baton_run_terms_total", &this),
+        Some(1.0)
+    );
+    let expected =
+        serde_json::json!({"election": election, "leader": {"id": "b", "token": b_token}});
+    for address in [a_address, b_address] {
+        wait_for("the new leader seen", Duration::from_secs(5), || {
+            (leader_json(address) == expected).then_some(())
+        });
+    }
+    assert_eq!(get(a_address, "/healthz"), (200, "ok\n".to_string()));
+    assert_eq!(get(b_address, "/healthz"), (200, "ok\n".to_string()));
+}
+
+#[test]
+fn healthz_turns_503_while_renewals_stall_before_the_lease_runs_out_and_200_after() {
+    let dir = scratch("metrics-stall");
+    let election = unique("metrics-stall");
+    let proxy = Proxy::start(etcd());
+    let through_proxy = format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port);
+    // A long TTL and frequent renewals: renewals count as stalled 2 s after the last answered
+    // one, while the lease lasts almost 10 s.
+    let flags = [
+        "--ttl",
+        "10s",
+        "--renew-interval",
+        "1s",
+        "--metrics",
+        "127.0.0.1:0",
+    ];
+    let mut a = Runner::start_with(&through_proxy, &election, &flags, &dir, "a");
+    a.wait_running(Duration::from_secs(5));
+    let pid = a.child_pid().unwrap();
+    let address = metrics_address(&a);
+    for _ in 0..5 {
+        assert_eq!(get(address, "/healthz"), (200, "ok\n".to_string()));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    proxy.set_partitioned(true);
+    let partitioned_at = Instant::now();
+    let reason = wait_for("503 from /healthz", Duration::from_secs(6), || {
+        let (status, body) = get(address, "/healthz");
+        (status == 503).then_some(body)
+    });
+    let stalled_after = partitioned_at.elapsed();
+    // Before the lease ran out: the command still runs under it.
+    assert!(alive(pid), "the command was stopped: the lease ran out");
+    assert!(stalled_after < Duration::from_secs(6), "{stalled_after:?}");
+    assert!(reason.starts_with("lease renewals stalled"), "{reason}");
+    assert_eq!(reason.lines().count(), 1, "{reason}");
+    // Still the leader, still running.
+    let (_, exposition) = get(address, "/metrics");
+    let this = [("election", election.as_str())];
+    assert_eq!(series(&exposition, "baton_is_leader", &this), Some(1.0));
+
+    proxy.set_partitioned(false);
+    wait_for(
+        "200 from /healthz after healing",
+        Duration::from_secs(5),
+        || (get(address, "/healthz").0 == 200).then_some(()),
+    );
+    assert!(alive(pid), "the term survived the stall");
+    assert!(a.child.try_wait().unwrap().is_none());
+    let (_, exposition) = get(address, "/metrics");
+    assert_eq!(series(&exposition, "baton_is_leader", &this), Some(1.0));
+    assert_eq!(
+        series(&exposition, "baton_leadership_transitions_total", &this),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn requests_other_than_the_three_endpoints_are_refused_without_harm() {
+    let dir = scratch("metrics-requests");
+    let election = unique("metrics-requests");
+    let flags = ["--ttl", "2s", "--metrics", "127.0.0.1:0"];
+    let a = Runner::start_with(&url(), &election, &flags, &dir, "a");
+    a.wait_running(Duration::from_secs(5));
+    let address = metrics_address(&a);
+
+    assert_eq!(get(address, "/").0, 404);
+    assert_eq!(get(address, "/metrics/x").0, 404);
+    assert_eq!(get(address, "/healthz?verbose=1").0, 200);
+    assert_eq!(
+        exchange(
+            address,
+            b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+        )
+        .0,
+        405
+    );
+    for garbage in [
+        &b"hello\r\n\r\n"[..],
+        b"GET /metrics HTTP/9.9\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nno header line\r\n\r\n",
+        b"\x00\xff\x16\x03\x01\r\n\r\n",
+    ] {
+        assert_eq!(exchange(address, garbage).0, 400, "{garbage:?}");
+    }
+    // A head without end is cut off at its bound.
+    let endless = format!(
+        "GET /metrics HTTP/1.1\r\nX-Long: {}\r\n",
+        "a".repeat(20_000)
+    );
+    assert_eq!(exchange(address, endless.as_bytes()).0, 431);
+    // A client that connects and says nothing ties up nothing: others are served meanwhile.
+    let idle: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(address).unwrap())
+        .collect();
+    assert_eq!(get(address, "/healthz").0, 200);
+    drop(idle);
+    // The node is unharmed.
+    assert!(a.child_pid().is_some_and(alive));
+    assert_eq!(get(address, "/healthz"), (200, "ok\n".to_string()));
+}
+
+#[test]
+fn a_bad_metrics_address_is_bad_input_before_campaigning() {
+    let election = unique("metrics-bad");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = listener.local_addr().unwrap().to_string();
+    for address in [
+        "not-an-address",
+        "127.0.0.1",
+        "localhost:99999",
+        taken.as_str(),
+    ] {
+        let output = run_script(&election, &["--metrics", address], "touch /dev/null")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{address}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{address}: {stderr}");
+        assert!(stderr.contains("--metrics"), "{address}: {stderr}");
+        assert!(!stderr.contains("campaigning"), "{address}: {stderr}");
+    }
+    // Nobody campaigned.
+    let leader = baton()
+        .args(["leader", "--backend", &url(), "--election", &election])
+        .output()
+        .unwrap();
+    let line: serde_json::Value = serde_json::from_slice(&leader.stdout).unwrap();
+    assert_eq!(line["leader"], serde_json::Value::Null);
+}
