@@ -439,6 +439,9 @@ impl Leadership {
 
     /// Resolves when leadership is over, at the latest at the local deadline (after a suspend
     /// beyond it, as soon as the host resumes).
+    ///
+    /// Cancel-safe, and callable any number of times: inside `select!` it can be dropped and
+    /// awaited again without missing the loss.
     pub async fn lost(&self) -> LossReason {
         wait_lost(self.status.clone(), self.lease.clone()).await
     }
