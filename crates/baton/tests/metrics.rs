@@ -197,7 +197,7 @@ async fn leadership_renewals_losses_and_backend_errors_are_recorded() {
     // A request etcd refuses (a value above its 1.5 MiB request limit) is a backend error.
     let oversized = "x".repeat(1_600_000);
     let error = first
-        .guarded_put("metrics-key", &oversized)
+        .guarded_put("/metrics-key", &oversized)
         .await
         .unwrap_err();
     assert!(matches!(error, Error::Backend { .. }), "{error:?}");

@@ -96,8 +96,16 @@ impl Cage {
                 Kind::Freezer => create_cgroup(&name, "cgroup", Some("freezer"), "freezer.state"),
             };
             match dir {
-                Ok(dir) => return Ok(Cage::at(kind, dir, true)),
-                Err(error) => why = error,
+                Ok(dir) => {
+                    sweep_stale(&dir);
+                    return Ok(Cage::at(kind, dir, true));
+                }
+                Err(error) => {
+                    if !why.is_empty() {
+                        why.push_str("; ");
+                    }
+                    why.push_str(&error);
+                }
             }
         }
         Err(why)
@@ -165,16 +173,15 @@ impl Cage {
         }
     }
 
-    /// The processes in the cgroup (empty for the subreaper kind).
+    /// The processes in the cgroup and in the cgroups below it (a nested `baton run` makes
+    /// one); empty for the subreaper kind.
     pub fn members(&self) -> Vec<i32> {
         let Some(dir) = &self.dir else {
             return Vec::new();
         };
-        std::fs::read_to_string(dir.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|line| line.trim().parse().ok())
-            .collect()
+        let mut found = Vec::new();
+        members_below(dir, &mut found, 0);
+        found
     }
 
     /// Whether the cgroup holds no process (always true for the subreaper kind).
@@ -216,10 +223,74 @@ impl Cage {
         }
     }
 
-    /// Removes the cgroup directory (once it is empty), if this process created it.
+    /// Removes the cgroup directory (once it is empty), and any empty cgroups a nested
+    /// `baton run` left below it, if this process created it.
     pub fn remove(&self) {
         if let (true, Some(dir)) = (self.owned, &self.dir) {
-            let _ = std::fs::remove_dir(dir);
+            remove_tree(dir, 0);
+        }
+    }
+}
+
+/// How deep nested cgroups are followed (bounds the recursion).
+const MAX_DEPTH: usize = 16;
+
+fn members_below(dir: &std::path::Path, found: &mut Vec<i32>, depth: usize) {
+    found.extend(
+        std::fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.trim().parse::<i32>().ok()),
+    );
+    if depth < MAX_DEPTH {
+        for child in subdirectories(dir) {
+            members_below(&child, found, depth + 1);
+        }
+    }
+}
+
+fn subdirectories(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Removes `dir` and the (empty) cgroups below it, deepest first.
+fn remove_tree(dir: &std::path::Path, depth: usize) {
+    if depth < MAX_DEPTH {
+        for child in subdirectories(dir) {
+            remove_tree(&child, depth + 1);
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Removes the cgroups that `baton run`s which were killed outright (supervisor and guard
+/// both, say by `killall -9 baton`) left next to `dir`: named `baton-PID` for a PID no longer
+/// running, and empty (a cgroup with processes cannot be removed, so a live one never is).
+fn sweep_stale(dir: &std::path::Path) {
+    let Some(parent) = dir.parent() else { return };
+    for sibling in subdirectories(parent) {
+        let Some(pid) = sibling
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("baton-"))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if sibling != dir && process(pid).is_none() {
+            let mut found = Vec::new();
+            members_below(&sibling, &mut found, 0);
+            if found.is_empty() {
+                remove_tree(&sibling, 0);
+            }
         }
     }
 }

@@ -1,8 +1,7 @@
 //! The guard: the one process `baton run` starts directly, and the keeper of the command's
 //! containment.
 //!
-//! `baton run` starts `baton __guard -- CMD ARGS` as the leader of a new process group *while
-//! it campaigns*, so that the guard's own start-up is off the handoff's critical path. The guard
+//! `baton run` starts `baton __guard -- CMD ARGS` *while it campaigns*, so that the guard's own start-up is off the handoff's critical path. The guard
 //! is a child subreaper (orphans of the command are re-parented to it, not to PID 1), arranges
 //! to be told when its parent dies (`PR_SET_PDEATHSIG`), then waits on its control pipe (fd 3)
 //! for `TOKEN DEADLINE`. It starts CMD with `BATON_TOKEN` set, inside the cgroup `baton run`
@@ -19,8 +18,7 @@
 //! pipe (fd 4) and exits with CODE; when CMD exits but processes it started live on (a daemon
 //! it forked), the guard reports `left CODE` once and keeps guarding them.
 //!
-//! Signals: the guard ignores SIGTERM, SIGINT, SIGHUP, SIGUSR1/2, SIGQUIT and SIGALRM meant for
-//! the job (`pkill -HUP -f JOB` also matches the guard's command line). Its parent-death signal
+//! Signals: the guard ignores every terminating or stopping signal meant for the job (`pkill -HUP -f JOB` also matches the guard's command line). Its parent-death signal
 //! (SIGUSR1) counts only when its parent really is gone.
 
 use std::ffi::OsString;
@@ -41,8 +39,11 @@ pub const STATUS_FD: i32 = 4;
 /// The signal the kernel sends the guard when its parent dies.
 const PARENT_DEATH_SIGNAL: libc::c_int = libc::SIGUSR1;
 
-/// Signals meant for the job (or stray), which must not end the guard.
-const IGNORED: [libc::c_int; 7] = [
+/// Signals meant for the job (or stray), which must not end or stop the guard: every signal
+/// whose default action terminates or stops, except SIGKILL, SIGSTOP, the parent-death signal
+/// and the faults (SIGSEGV and the like, which only the process itself raises). The realtime
+/// signals are added in `main`.
+const IGNORED: [libc::c_int; 17] = [
     libc::SIGTERM,
     libc::SIGINT,
     libc::SIGHUP,
@@ -50,6 +51,16 @@ const IGNORED: [libc::c_int; 7] = [
     libc::SIGQUIT,
     libc::SIGALRM,
     libc::SIGPIPE,
+    libc::SIGVTALRM,
+    libc::SIGPROF,
+    libc::SIGXCPU,
+    libc::SIGXFSZ,
+    libc::SIGPWR,
+    libc::SIGSTKFLT,
+    libc::SIGIO,
+    libc::SIGTSTP,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
 ];
 
 /// The write end of the self-pipe that signal handlers use to wake the main loop.
@@ -96,7 +107,10 @@ pub fn main(command: &[OsString]) -> ! {
     std::mem::forget(wake_write);
     install(PARENT_DEATH_SIGNAL, wake);
     install(libc::SIGCHLD, wake);
-    for signal in IGNORED {
+    for signal in IGNORED
+        .into_iter()
+        .chain(libc::SIGRTMIN()..=libc::SIGRTMAX())
+    {
         install(signal, ignore);
     }
     // SAFETY: prctl has no memory-safety preconditions.
@@ -196,6 +210,12 @@ pub fn main(command: &[OsString]) -> ! {
             std::process::exit(1);
         }
         while let Some(line) = guard.control.pop_line() {
+            if line.trim() == "kill" {
+                // The supervisor ends the term: everything goes, and our exit says it is gone.
+                guard.kill_everything();
+                let _ = report("killed");
+                std::process::exit(0);
+            }
             if let Ok(next) = line.trim().parse::<u64>() {
                 deadline = deadline.max(next);
             }
@@ -249,17 +269,19 @@ impl Guard {
         }
     }
 
-    /// SIGKILLs the cgroup and every descendant, again and again until nothing of them is left
-    /// alive (a descendant that forked meanwhile is found on the next round).
+    /// SIGKILLs the cgroup and every descendant, again and again until we have no child at
+    /// all and the cgroup is empty. As a subreaper we are the parent of every orphan, so "no
+    /// child" (the kernel's answer, atomic, unlike a walk of /proc) means no descendant: a
+    /// chain that forks and exits faster than a walk can follow is still caught.
     fn kill_everything(&mut self) {
         let me = std::process::id() as i32;
         let mut pause = Duration::from_millis(1);
         loop {
             self.cage.kill();
-            let live = containment::signal_tree(me, libc::SIGKILL, None);
+            containment::signal_tree(me, libc::SIGKILL, None);
             let mut ignored = None;
-            reap_children(-1, &mut ignored);
-            if live == 0 && self.cage.is_empty() {
+            let children_left = reap_children(-1, &mut ignored);
+            if !children_left && self.cage.is_empty() {
                 return;
             }
             std::thread::sleep(pause);

@@ -102,6 +102,9 @@ const MIN_KILL_WAIT: Duration = Duration::from_secs(1);
 struct Signals {
     term: Signal,
     int: Signal,
+    /// A closed terminal or SSH session: stop and resign like SIGTERM, rather than die and make
+    /// the successor wait out the TTL.
+    hup: Signal,
 }
 
 impl Signals {
@@ -109,14 +112,16 @@ impl Signals {
         Ok(Signals {
             term: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
             int: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,
+            hup: signal(SignalKind::hangup()).context("installing a SIGHUP handler")?,
         })
     }
 
-    /// Waits for SIGTERM or SIGINT; returns the signal number.
+    /// Waits for SIGTERM, SIGINT or SIGHUP; returns the signal number.
     async fn stop(&mut self) -> i32 {
         tokio::select! {
             _ = self.term.recv() => libc::SIGTERM,
             _ = self.int.recv() => libc::SIGINT,
+            _ = self.hup.recv() => libc::SIGHUP,
         }
     }
 }
@@ -219,7 +224,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(value) = &args.value {
         options = options.with_value(value.clone());
     }
-    let mut candidacy = election.candidacy_with(&id, options)?;
+    let mut candidacy = election.candidacy_with(&id, options.clone())?;
     note(
         &name,
         format_args!("campaigning as {id:?}; containment: {}", cage.describe()),
@@ -227,12 +232,42 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     loop {
         // Start the guard while campaigning, so that winning only costs starting CMD.
         let standby = Standby::spawn(&args.command, &name, &id, &cage)?;
-        let leadership = tokio::select! {
-            leadership = candidacy.next() => leadership.context("campaigning")?,
+        let next = tokio::select! {
+            next = candidacy.next() => next,
             signal = signals.stop() => {
                 candidacy.resign().await;
                 return Err(Exit(128 + signal as u8).into());
             }
+        };
+        let leadership = match next {
+            Ok(leadership) => leadership,
+            // A waiter that never led lost its place in the queue (its lease expired while
+            // the backend was stopped or unreachable): it has nothing to stop, so it queues up
+            // again rather than leave the job without a candidate.
+            Err(baton::Error::CampaignLost(reason)) => {
+                note(
+                    &name,
+                    format_args!("lost its place in the queue ({reason}); campaigning again"),
+                );
+                drop(standby);
+                candidacy = election.candidacy_with(&id, options.clone())?;
+                continue;
+            }
+            // The backend went away while we waited: wait for it, as a queued candidate.
+            Err(error) if error.is_retryable() => {
+                note(
+                    &name,
+                    format_args!("campaign failed ({error}); trying again in 1s"),
+                );
+                drop(standby);
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    signal = signals.stop() => return Err(Exit(128 + signal as u8).into()),
+                }
+                candidacy = election.candidacy_with(&id, options.clone())?;
+                continue;
+            }
+            Err(error) => return Err(anyhow::Error::new(error).context("campaigning")),
         };
         let token = leadership.token();
         if !leadership.is_leading() {
@@ -387,7 +422,7 @@ struct Standby {
 /// The running guard and CMD.
 struct Running {
     child: Child,
-    /// The guard's pid (also its process group).
+    /// The guard's pid.
     guard: i32,
     cage: Arc<Cage>,
     /// The guard's control pipe (non-blocking): each new local deadline goes here.
@@ -506,9 +541,17 @@ impl Running {
         let me = std::process::id() as i32;
         // Even with --grace 0, give a killed process a moment to finish dying.
         let give_up = Instant::now() + limit.max(MIN_KILL_WAIT);
+        // The guard, a subreaper, is the one that can tell for sure that nothing is left (it
+        // has no child at all): ask it to kill everything and exit. Only if it does not do so
+        // in time (stopped, wedged, dead) do we kill it as well and walk the tree ourselves.
+        let asked = self.write_control("kill\n");
+        let trust_until = Instant::now() + GUARD_KILL_WAIT;
+        let mut clean_walks = 0;
         loop {
+            let trusted = asked && Instant::now() < trust_until;
             self.cage.kill();
-            let live = containment::signal_tree(me, libc::SIGKILL, None);
+            let skip = trusted.then_some(self.guard);
+            let live = containment::signal_tree(me, libc::SIGKILL, skip);
             // Orphans re-parented to us are ours to reap; the guard is tokio's.
             let orphans = containment::descendants(me)
                 .into_iter()
@@ -516,7 +559,11 @@ impl Running {
                 .map(|p| p.pid);
             containment::reap(orphans);
             let guard_gone = matches!(self.child.try_wait(), Ok(Some(_)));
-            if live == 0 && guard_gone && self.cage.is_empty() {
+            // A walk of /proc is not atomic: a process forking and exiting in a chain can be
+            // missed by one walk. Without the guard's word, several clean walks in a row.
+            clean_walks = if live == 0 { clean_walks + 1 } else { 0 };
+            let enough = if trusted { 1 } else { CLEAN_WALKS };
+            if guard_gone && clean_walks >= enough && self.cage.is_empty() {
                 return;
             }
             if Instant::now() >= give_up {
@@ -529,7 +576,23 @@ impl Running {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
+
+    /// Writes a control line without blocking; returns whether it went out whole.
+    fn write_control(&self, line: &str) -> bool {
+        // SAFETY: write from a buffer we own to our non-blocking descriptor; lines are far
+        // below PIPE_BUF, so a write is all or nothing.
+        let written =
+            unsafe { libc::write(self.control.as_raw_fd(), line.as_ptr().cast(), line.len()) };
+        written == line.len() as isize
+    }
 }
+
+/// How long `kill_all` waits for the guard to kill the containment and exit before doing it
+/// without the guard.
+const GUARD_KILL_WAIT: Duration = Duration::from_millis(500);
+
+/// Clean walks in a row that `kill_all` needs when the guard cannot vouch for the tree.
+const CLEAN_WALKS: u32 = 20;
 
 impl Drop for Running {
     /// However this value goes away (an early return, a panic that unwinds), nothing of the
@@ -566,7 +629,9 @@ impl Standby {
             .env("BATON_ID", id)
             .env("BATON_SUPERVISOR_PID", std::process::id().to_string())
             .env(CAGE_ENV, cage.to_env())
-            .process_group(0)
+            // The guard and CMD stay in our process group: started from a terminal they are
+            // in its foreground group too, so a command that reads the terminal is not stopped
+            // by SIGTTIN (containment does not rely on process groups).
             .kill_on_drop(true);
         // SAFETY: between fork and exec we only call dup2, which is async-signal-safe. dup2
         // leaves the new descriptor without close-on-exec, so the guard inherits it as fd 3.

@@ -329,7 +329,7 @@ mod tests {
         assert_eq!(
             config.clone().with_ttl(ms(2500)).validate(&etcd),
             Err(ConfigError::TtlNotMultiple {
-                ttl: "2.5s".into(),
+                ttl: "2500ms".into(),
                 step: "1s".into()
             })
         );

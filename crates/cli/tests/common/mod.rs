@@ -19,7 +19,11 @@ pub fn url() -> String {
 }
 
 pub fn baton() -> Command {
+    use std::os::unix::process::CommandExt;
     let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
+    // Its own process group, as a shell job gets: the guard and the command share it, and the
+    // tests signal whole groups.
+    command.process_group(0);
     command.env_remove("BATON_BACKEND");
     command.env_remove("BATON_ELECTION");
     command.env_remove("BATON_ID");
