@@ -202,7 +202,7 @@ async fn leadership_renewals_losses_and_backend_errors_are_recorded() {
         .unwrap_err();
     assert!(matches!(error, Error::Backend { .. }), "{error:?}");
     assert_eq!(
-        recorded.counter(BACKEND_ERRORS, &[("operation", "guarded put")]),
+        recorded.counter(BACKEND_ERRORS, &[("operation", "fenced transaction")]),
         1
     );
 
