@@ -1,36 +1,11 @@
 //! The conformance suite against a real etcd (started by `scripts/test`).
 
 mod conformance;
+mod etcd_support;
 
 use baton::{Backend, Election, Error};
 use conformance::*;
-
-/// The etcd under test. Missing is a loud failure, never a skip.
-fn etcd() -> String {
-    std::env::var("BATON_TEST_ETCD").expect(
-        "BATON_TEST_ETCD is not set: run the tests with scripts/test, which starts a private etcd",
-    )
-}
-
-fn url() -> String {
-    format!("etcd://{}/baton-test", etcd())
-}
-
-/// Deletes the leader's key of `election` behind the library's back, as an operator would.
-async fn delete_leader_key(election: &str) {
-    let mut client = etcd_client::Client::connect([etcd()], None).await.unwrap();
-    let prefix = format!("/baton-test/{election}/@candidates/");
-    let options = etcd_client::GetOptions::new()
-        .with_prefix()
-        .with_sort(
-            etcd_client::SortTarget::Create,
-            etcd_client::SortOrder::Ascend,
-        )
-        .with_limit(1);
-    let response = client.get(prefix, Some(options)).await.unwrap();
-    let key = response.kvs()[0].key().to_vec();
-    client.delete(key, None).await.unwrap();
-}
+use etcd_support::{delete_leader_key, etcd, url};
 
 /// Deletes every candidate key of `election` in one revision (one `DeleteRange`), as
 /// `etcdctl del --prefix` would; returns that revision.

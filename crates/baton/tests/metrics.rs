@@ -1,6 +1,11 @@
 //! Metrics through the `metrics` facade, against a real etcd (started by `scripts/test`), read
 //! back from a recorder local to the test's thread (the test's runtime runs every task on it).
 
+// Only its helpers (`unique`, `within`) are used here.
+#[allow(dead_code)]
+mod conformance;
+mod etcd_support;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,52 +15,15 @@ use baton::metrics::{
     BACKEND_ERRORS, DEADLINE_REMAINING, IS_LEADER, LEADERSHIP_TRANSITIONS, LOSSES, RENEWAL_LATENCY,
 };
 use baton::{Backend, Election, ElectionConfig, Error, LossReason};
+use conformance::{unique, within};
+use etcd_support::{delete_leader_key, etcd, url};
 use metrics::{
     Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
 };
 
-fn url() -> String {
-    let etcd = std::env::var("BATON_TEST_ETCD").expect(
-        "BATON_TEST_ETCD is not set: run the tests with scripts/test, which starts a private etcd",
-    );
-    format!("etcd://{etcd}/baton-test")
-}
-
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
-async fn within<T>(what: &str, limit: Duration, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, f)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
-}
-
-/// Deletes the leader's key of `election` behind the library's back, as an operator would.
-async fn delete_leader_key(election: &str) {
-    let etcd = std::env::var("BATON_TEST_ETCD").unwrap();
-    let mut client = etcd_client::Client::connect([etcd], None).await.unwrap();
-    let prefix = format!("/baton-test/{election}/@candidates/");
-    let options = etcd_client::GetOptions::new()
-        .with_prefix()
-        .with_sort(
-            etcd_client::SortTarget::Create,
-            etcd_client::SortOrder::Ascend,
-        )
-        .with_limit(1);
-    let response = client.get(prefix, Some(options)).await.unwrap();
-    let key = response.kvs()[0].key().to_vec();
-    client.delete(key, None).await.unwrap();
-}
-
 /// How many candidates' keys `election` has.
 async fn candidates(election: &str) -> i64 {
-    let etcd = std::env::var("BATON_TEST_ETCD").unwrap();
-    let mut client = etcd_client::Client::connect([etcd], None).await.unwrap();
+    let mut client = etcd_client::Client::connect([etcd()], None).await.unwrap();
     let prefix = format!("/baton-test/{election}/@candidates/");
     let options = etcd_client::GetOptions::new()
         .with_prefix()

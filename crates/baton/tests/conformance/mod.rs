@@ -22,7 +22,7 @@ pub fn unique(name: &str) -> String {
     format!("{name}-{}-{nanos}", std::process::id())
 }
 
-async fn within<T>(what: &str, limit: Duration, f: impl std::future::Future<Output = T>) -> T {
+pub async fn within<T>(what: &str, limit: Duration, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(limit, f)
         .await
         .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
