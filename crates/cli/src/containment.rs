@@ -483,14 +483,17 @@ fn children_of(pid: i32) -> Vec<i32> {
 
 /// Sends `signal` to every live descendant of `root` except `skip`; returns how many there were.
 pub fn signal_tree(root: i32, signal: libc::c_int, skip: Option<i32>) -> usize {
-    let live: Vec<Process> = descendants(root)
-        .into_iter()
-        .filter(|p| p.live && Some(p.pid) != skip)
-        .collect();
-    for process in &live {
+    signal_all(&descendants(root), signal, skip)
+}
+
+/// Sends `signal` to every live process of `processes` except `skip`; returns how many.
+pub fn signal_all(processes: &[Process], signal: libc::c_int, skip: Option<i32>) -> usize {
+    let mut count = 0;
+    for process in processes.iter().filter(|p| p.live && Some(p.pid) != skip) {
         send(process, signal);
+        count += 1;
     }
-    live.len()
+    count
 }
 
 /// Sends `signal` to exactly the process `target` describes: through a pidfd checked against

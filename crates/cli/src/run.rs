@@ -544,20 +544,24 @@ impl Running {
         // The guard, a subreaper, is the one that can tell for sure that nothing is left (it
         // has no child at all): ask it to kill everything and exit. Only if it does not do so
         // in time (stopped, wedged, dead) do we kill it as well and walk the tree ourselves.
-        let asked = self.write_control("kill\n");
+        // A guard that reported the end (`exit`, `expired`) has already seen its last child go.
+        let vouched = matches!(self.last, Some(GuardEvent::Exited(_) | GuardEvent::Expired));
+        let asked = vouched || self.write_control("kill\n");
         let trust_until = Instant::now() + GUARD_KILL_WAIT;
         let mut clean_walks = 0;
         loop {
-            let trusted = asked && Instant::now() < trust_until;
+            let trusted = vouched || (asked && Instant::now() < trust_until);
             self.cage.kill();
             let skip = trusted.then_some(self.guard);
-            let live = containment::signal_tree(me, libc::SIGKILL, skip);
-            // Orphans re-parented to us are ours to reap; the guard is tokio's.
-            let orphans = containment::descendants(me)
-                .into_iter()
-                .filter(|p| p.parent == me && !p.live && p.pid != self.guard)
-                .map(|p| p.pid);
-            containment::reap(orphans);
+            // One walk of the tree per round: signal what lives, reap our orphans (the guard
+            // is tokio's to reap).
+            let tree = containment::descendants(me);
+            let live = containment::signal_all(&tree, libc::SIGKILL, skip);
+            containment::reap(
+                tree.iter()
+                    .filter(|p| p.parent == me && !p.live && p.pid != self.guard)
+                    .map(|p| p.pid),
+            );
             let guard_gone = matches!(self.child.try_wait(), Ok(Some(_)));
             // A walk of /proc is not atomic: a process forking and exiting in a chain can be
             // missed by one walk. Without the guard's word, several clean walks in a row.
