@@ -568,3 +568,166 @@ fn descendants(root: i32) -> Vec<i32> {
     }
     found
 }
+
+/// A process chain that re-spawns itself in the background and exits, faster than a walk of
+/// /proc can follow (the idiom "restart myself with `sh $0 &`"), under the weakest mode: the
+/// guard's "no child left" answer catches it; once `baton run` has exited nothing writes.
+#[test]
+fn a_self_respawning_chain_dies_with_the_term_even_under_the_subreaper() {
+    let dir = scratch("respawn");
+    let election = unique("respawn");
+    let chain = dir.join("chain.sh");
+    let beats = dir.join("beats");
+    let stop = dir.join("stop");
+    std::fs::write(
+        &chain,
+        format!(
+            "[ -e {stop} ] && exit 0\necho x >> {beats}\nsh {chain} &\n",
+            stop = stop.display(),
+            beats = beats.display(),
+            chain = chain.display()
+        ),
+    )
+    .unwrap();
+    let script = format!("sh {}; sleep 600", chain.display());
+    let mut a = start(
+        &election,
+        &dir,
+        "a",
+        &["--containment", "subreaper"],
+        &script,
+    );
+    wait_for("the chain runs", Duration::from_secs(5), || {
+        (std::fs::metadata(&beats).map_or(0, |m| m.len()) > 100).then_some(())
+    });
+    signal(a.id() as i32, libc::SIGTERM);
+    let status = wait_for("a exits", Duration::from_secs(5), || a.try_wait().unwrap());
+    let stopped_at = std::fs::metadata(&beats).unwrap().len();
+    std::thread::sleep(Duration::from_millis(500));
+    let later = std::fs::metadata(&beats).unwrap().len();
+    // Bound the chain in any case before asserting.
+    std::fs::write(&stop, "").unwrap();
+    assert_eq!(status.code(), Some(143));
+    assert_eq!(
+        later, stopped_at,
+        "the chain kept running after the term ended"
+    );
+}
+
+/// A command that reads the terminal (started from one, as a user would): it runs in the
+/// terminal's foreground group, reads its line, and is not stopped by SIGTTIN.
+#[test]
+fn a_command_reads_the_terminal() {
+    let dir = scratch("tty");
+    let election = unique("tty");
+    let got = dir.join("got");
+    let inner = format!(
+        "{baton} run --backend {url} --election {election} --ttl 2s -- sh -c 'read x; echo $x > {got}'",
+        baton = env!("CARGO_BIN_EXE_baton"),
+        url = url(),
+        got = got.display()
+    );
+    let mut script = std::process::Command::new("script")
+        .args(["-qfec", &inner, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script (util-linux) is installed");
+    std::thread::sleep(Duration::from_secs(1));
+    use std::io::Write;
+    script
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(b"hello\n")
+        .unwrap();
+    let status = wait_for("baton exits", Duration::from_secs(5), || {
+        script.try_wait().unwrap()
+    });
+    assert_eq!(std::fs::read_to_string(&got).unwrap_or_default(), "hello\n");
+    assert_eq!(status.code(), Some(0));
+}
+
+/// SIGHUP (a closed terminal or SSH session) stops the command and resigns like SIGTERM: the
+/// successor starts at once, not a TTL later.
+#[test]
+fn sighup_resigns_at_once() {
+    let dir = scratch("hup");
+    let election = unique("hup");
+    let pids = dir.join("a.pids");
+    let mut a = start(
+        &election,
+        &dir,
+        "a",
+        &[],
+        &Shape::SetsidFork.script(&pids, 600),
+    );
+    wait_for("a runs", Duration::from_secs(5), || {
+        (pids_in(&pids).len() >= 2).then_some(())
+    });
+    let mut b = start(&election, &dir, "b", &[], &successor_script(&dir, &pids));
+    std::thread::sleep(Duration::from_millis(300));
+    signal(a.id() as i32, libc::SIGHUP);
+    wait_for("b runs within a second", Duration::from_secs(1), || {
+        dir.join("b.token").exists().then_some(())
+    });
+    let status = wait_for("a exits", Duration::from_secs(3), || a.try_wait().unwrap());
+    assert_eq!(status.code(), Some(129));
+    assert!(!dir.join("overlap").exists());
+    signal(b.id() as i32, libc::SIGTERM);
+    let _ = b.wait();
+}
+
+/// Signals with no handler whose default is to terminate (SIGVTALRM, realtime signals) do not
+/// end the guard either.
+#[test]
+fn uncommon_signals_to_the_guard_change_nothing() {
+    let dir = scratch("uncommon");
+    let election = unique("uncommon");
+    let script = format!("echo $$ > {}/pid; exec sleep 600", dir.display());
+    let mut a = start(&election, &dir, "a", &[], &script);
+    let pid = wait_for("a runs", Duration::from_secs(5), || {
+        read_number(&dir.join("pid"))
+    });
+    let guard = guard_of(a.id());
+    for stray in [
+        libc::SIGVTALRM,
+        libc::SIGPROF,
+        libc::SIGRTMIN(),
+        libc::SIGTTIN,
+    ] {
+        signal(guard, stray);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(alive(guard as u64) && alive(pid));
+    assert!(a.try_wait().unwrap().is_none());
+    signal(a.id() as i32, libc::SIGTERM);
+    let _ = a.wait();
+}
+
+/// `baton run` nested in `baton run`: when the outer one loses, both containments die and no
+/// cgroup directory is left behind.
+#[test]
+fn nested_runs_leave_no_cgroup_behind() {
+    let dir = scratch("nested");
+    let outer = unique("nested-out");
+    let inner = unique("nested-in");
+    let script = format!(
+        "{baton} run --backend {url} --election {inner} --ttl 2s -- sh -c 'echo $$ > {d}/inner; exec sleep 600'",
+        baton = env!("CARGO_BIN_EXE_baton"),
+        url = url(),
+        d = dir.display()
+    );
+    let mut a = start(&outer, &dir, "a", &["--containment", "cgroup"], &script);
+    let inner_pid = wait_for("inner runs", Duration::from_secs(5), || {
+        read_number(&dir.join("inner"))
+    });
+    delete_leader_key(&outer);
+    let status = wait_for("a exits", Duration::from_secs(3), || a.try_wait().unwrap());
+    assert_eq!(status.code(), Some(3));
+    assert!(!alive(inner_pid));
+    wait_for("no cgroup left", Duration::from_secs(2), || {
+        (!cgroup_dirs(a.id()).iter().any(|d| d.exists())).then_some(())
+    });
+}
