@@ -132,13 +132,17 @@ pub fn main(command: &[OsString]) -> ! {
         timer: timerfd(),
         control: Control::default(),
     };
-    let Some(program) = command.first() else {
+    if command.is_empty() {
         let _ = report("error __guard needs a command");
         std::process::exit(2);
-    };
+    }
+    // While we campaign, a launcher process already sits inside the cgroup, waiting for the
+    // token: moving a process into a cgroup can cost a full RCU grace period (over 10 ms here),
+    // which must not be on the handoff's critical path.
+    let launcher = Launcher::spawn(command, &guard.cage);
     // The first line is "TOKEN DEADLINE"; nothing (the pipe closed) means the supervisor
     // stopped before winning, or died: nothing to run.
-    let (token, mut deadline) = loop {
+    let (token, deadline) = loop {
         guard.check_parent();
         if let Some(line) = guard.control.pop_line() {
             let mut fields = line.split_whitespace();
@@ -147,19 +151,132 @@ pub fn main(command: &[OsString]) -> ! {
                 fields.next().map(str::parse::<u64>),
             ) {
                 (Some(Ok(token)), Some(Ok(deadline))) => break (token, deadline),
-                _ => std::process::exit(0),
+                _ => launcher.cancel(),
             }
         }
         if guard.control.closed {
-            std::process::exit(0);
+            launcher.cancel();
         }
         guard.poll(None, None);
     };
     if clock_nanos() >= deadline {
         // The lease ran out between the election and now: never start without one.
-        std::process::exit(0);
+        launcher.cancel();
     }
-    let join = guard.cage.joiner();
+    let cmd = match launcher.start(token) {
+        Some(pid) => pid,
+        None => start_directly(command, &guard.cage, token),
+    };
+    guard_loop(&mut guard, cmd, deadline)
+}
+
+/// A `baton __launch -- CMD` process in the cgroup, waiting on its fd 3 for the token.
+struct Launcher {
+    /// Its pid and the write end of its token pipe; `None` if it could not be started.
+    started: Option<(i32, OwnedFd)>,
+}
+
+impl Launcher {
+    fn spawn(command: &[OsString], cage: &Cage) -> Launcher {
+        let started = (|| {
+            let me = std::env::current_exe().ok()?;
+            let (read_end, write_end) = pipe(0).ok()?;
+            let read_fd = read_end.as_raw_fd();
+            let mut join = cage.joiner();
+            let mut launch = Command::new(me);
+            launch
+                .arg("__launch")
+                .arg("--")
+                .args(command)
+                .env_remove("BATON_SUPERVISOR_PID")
+                .env_remove(CAGE_ENV);
+            // SAFETY: only async-signal-safe calls (open, write, close, dup2) after fork.
+            unsafe {
+                launch.pre_exec(move || {
+                    join()?;
+                    if libc::dup2(read_fd, CONTROL_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let child = launch.spawn().ok()?;
+            drop(read_end);
+            Some((child.id() as i32, write_end))
+        })();
+        Launcher { started }
+    }
+
+    /// Hands it the token: it becomes CMD. `None` if there is no launcher.
+    fn start(self, token: u64) -> Option<i32> {
+        let (pid, pipe) = self.started?;
+        write_fd(pipe.as_raw_fd(), format!("{token}\n").as_bytes()).ok()?;
+        Some(pid)
+    }
+
+    /// No term after all: the launcher sees its pipe close and exits; we wait for it, then
+    /// exit quietly.
+    fn cancel(self) -> ! {
+        if let Some((pid, pipe)) = self.started {
+            drop(pipe);
+            let mut status = 0;
+            // SAFETY: waitpid on our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+        }
+        std::process::exit(0)
+    }
+}
+
+/// `baton __launch -- CMD ARGS`: waits on fd 3 for the token, then becomes CMD with
+/// `BATON_TOKEN` set. The pipe closing first means there is no term: exit quietly.
+pub fn launch(command: &[OsString]) -> ! {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        // SAFETY: read into a buffer we own, from the descriptor the guard set up.
+        let read = unsafe { libc::read(CONTROL_FD, byte.as_mut_ptr().cast(), 1) };
+        if read == 1 && byte[0] != b'\n' && line.len() < 32 {
+            line.push(byte[0]);
+        } else if read < 0
+            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {
+            continue;
+        } else {
+            break;
+        }
+    }
+    let Some(token) = std::str::from_utf8(&line)
+        .ok()
+        .and_then(|t| t.parse::<u64>().ok())
+    else {
+        std::process::exit(0);
+    };
+    // SAFETY: closing our copy of the token pipe, which CMD must not inherit.
+    unsafe { libc::close(CONTROL_FD) };
+    let Some((program, args)) = command.split_first() else {
+        std::process::exit(2);
+    };
+    let error = Command::new(program)
+        .args(args)
+        .env("BATON_TOKEN", token.to_string())
+        .exec();
+    let _ = writeln_stderr(&format!(
+        "baton: error: cannot start {}: {error}",
+        program.to_string_lossy()
+    ));
+    // 126/127 as the shell reports "cannot execute" / "command not found".
+    std::process::exit(if error.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    })
+}
+
+/// Starts CMD from the guard itself (when no launcher could be started): it joins the cgroup
+/// between fork and exec.
+fn start_directly(command: &[OsString], cage: &Cage, token: u64) -> i32 {
+    let program = &command[0];
+    let join = cage.joiner();
     let mut start = Command::new(program);
     start
         .args(&command[1..])
@@ -170,7 +287,7 @@ pub fn main(command: &[OsString]) -> ! {
     unsafe {
         start.pre_exec(join);
     }
-    let cmd = match start.spawn() {
+    match start.spawn() {
         Ok(child) => child.id() as i32,
         Err(error) => {
             let _ = writeln_stderr(&format!(
@@ -186,7 +303,11 @@ pub fn main(command: &[OsString]) -> ! {
             let _ = report(&format!("exit {code}"));
             std::process::exit(code);
         }
-    };
+    }
+}
+
+/// The guard's life while CMD runs; never returns.
+fn guard_loop(guard: &mut Guard, cmd: i32, mut deadline: u64) -> ! {
     let mut code: Option<i32> = None;
     let mut told_left = false;
     loop {

@@ -56,6 +56,12 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
     },
+    /// Internal: started by the guard inside the command's cgroup; becomes the command.
+    #[command(name = "__launch", hide = true)]
+    Launch {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<OsString>,
+    },
 }
 
 /// Which election to look at.
@@ -139,8 +145,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    if let Command::Guard { command } = &cli.command {
-        guard::main(command);
+    match &cli.command {
+        Command::Guard { command } => guard::main(command),
+        Command::Launch { command } => guard::launch(command),
+        _ => {}
     }
     // A panic must not unwind past the supervisor's clean-up into a half-dead process: abort,
     // so the guard's parent-death signal fires and it kills the command's containment.
@@ -228,7 +236,9 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Lab(args) => {
             baton_lab::run(&args).map_err(|error| UsageError(error.to_string()).into())
         }
-        Command::Guard { .. } => unreachable!("handled before the runtime starts"),
+        Command::Guard { .. } | Command::Launch { .. } => {
+            unreachable!("handled before the runtime starts")
+        }
     }
 }
 
