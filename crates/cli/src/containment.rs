@@ -14,6 +14,13 @@
 //!   process tree. Killing walks that tree and repeats until a walk finds nothing alive, so a
 //!   descendant forking while it is killed is found on the next walk.
 //!
+//! On top of any of these, **a PID namespace** (`--pid-namespace`, where the host lets us
+//! create one): the command runs under an init of its own (PID 1 of a new namespace, a child of
+//! the guard that dies with it), so when the guard dies — even by SIGKILL together with `baton
+//! run` itself — the kernel kills every process of the namespace. Without it, only the command's
+//! own process dies with the guard (its parent-death signal is SIGKILL); what it started is
+//! killed by whichever of the supervisor and the guard survives.
+//!
 //! Signals to a process found by a walk go through a pidfd opened and checked against the
 //! process's start time, so a PID reused by an unrelated process is never signalled.
 
@@ -32,6 +39,15 @@ pub enum Mode {
     Freezer,
     /// The process tree under child subreapers only.
     Subreaper,
+}
+
+/// What `--pid-namespace` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PidNamespace {
+    /// Run the command in a PID namespace of its own; fail if none can be created.
+    On,
+    /// Run the command in the host's PID namespace.
+    Off,
 }
 
 /// The mechanism in force.
@@ -68,6 +84,9 @@ pub struct Cage {
     owned: bool,
     /// Why no stronger mechanism was used, when `auto` fell back to the subreaper.
     fallback: Option<String>,
+    /// Whether the command runs in a PID namespace of its own, under an init that dies with
+    /// the guard.
+    pid_namespace: bool,
 }
 
 /// The environment variable that hands the cage to the guard: `KIND` or `KIND:DIR`.
@@ -118,6 +137,7 @@ impl Cage {
             procs: None,
             owned: false,
             fallback: None,
+            pid_namespace: false,
         }
     }
 
@@ -129,14 +149,31 @@ impl Cage {
             procs,
             owned,
             fallback: None,
+            pid_namespace: false,
         }
+    }
+
+    /// Puts the command in a PID namespace of its own (see the module's docs). `Err` says why
+    /// this host cannot.
+    pub fn use_pid_namespace(&mut self, choice: PidNamespace) -> Result<(), String> {
+        if choice == PidNamespace::On {
+            probe_pid_namespace()?;
+            self.pid_namespace = true;
+        }
+        Ok(())
+    }
+
+    /// Whether the command runs in a PID namespace of its own.
+    pub fn pid_namespace(&self) -> bool {
+        self.pid_namespace
     }
 
     /// The value of [`CAGE_ENV`] that describes this cage to the guard.
     pub fn to_env(&self) -> String {
+        let pidns = if self.pid_namespace { "+pidns" } else { "" };
         match &self.dir {
-            Some(dir) => format!("{}:{}", self.kind.tag(), dir.display()),
-            None => self.kind.tag().to_string(),
+            Some(dir) => format!("{}{pidns}:{}", self.kind.tag(), dir.display()),
+            None => format!("{}{pidns}", self.kind.tag()),
         }
     }
 
@@ -144,15 +181,30 @@ impl Cage {
     /// after the supervisor's death.
     pub fn from_env(value: &str) -> Cage {
         let (tag, dir) = value.split_once(':').unwrap_or((value, ""));
-        match tag {
+        let (tag, pid_namespace) = match tag.strip_suffix("+pidns") {
+            Some(tag) => (tag, true),
+            None => (tag, false),
+        };
+        let mut cage = match tag {
             "cgroup2" if !dir.is_empty() => Cage::at(Kind::CgroupV2, dir.into(), true),
             "freezer" if !dir.is_empty() => Cage::at(Kind::Freezer, dir.into(), true),
             _ => Cage::subreaper(),
-        }
+        };
+        cage.pid_namespace = pid_namespace;
+        cage
     }
 
     /// One line for the user: what holds the command.
     pub fn describe(&self) -> String {
+        let mechanism = self.describe_mechanism();
+        if self.pid_namespace {
+            format!("{mechanism}, in a PID namespace of its own")
+        } else {
+            mechanism
+        }
+    }
+
+    fn describe_mechanism(&self) -> String {
         match (&self.kind, &self.dir) {
             (Kind::CgroupV2, Some(dir)) => format!("cgroup v2 {}", dir.display()),
             (Kind::Freezer, Some(dir)) => format!("cgroup v1 freezer {}", dir.display()),
@@ -362,6 +414,43 @@ fn create_cgroup(
         return Err(format!("{what}: {probe} is not supported by this kernel"));
     }
     Ok(dir)
+}
+
+/// Checks that this process may create a PID namespace and a mount namespace (for the
+/// namespace's own /proc), by trying in a child that exits at once.
+fn probe_pid_namespace() -> Result<(), String> {
+    // SAFETY: the child makes raw system calls only (unshare, _exit), which is all a child
+    // of a multi-threaded process may do.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("cannot fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        // SAFETY: see above.
+        unsafe {
+            let code = if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0 {
+                0
+            } else {
+                *libc::__errno_location()
+            };
+            libc::_exit(code.clamp(0, 255));
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waitpid on the child we just forked.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return Err("cannot wait for the namespace probe".into());
+        }
+    }
+    match libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)) {
+        Some(0) => Ok(()),
+        Some(errno) => Err(format!(
+            "cannot create a PID namespace: {} (it needs root or CAP_SYS_ADMIN)",
+            std::io::Error::from_raw_os_error(errno)
+        )),
+        None => Err("cannot create a PID namespace: the probe died".into()),
+    }
 }
 
 /// Makes this process a child subreaper: orphaned descendants are re-parented to it.

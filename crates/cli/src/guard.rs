@@ -131,15 +131,32 @@ pub fn main(command: &[OsString]) -> ! {
         wake: wake_read,
         timer: timerfd(),
         control: Control::default(),
+        relay: None,
+        relayed: Control::default(),
     };
     if command.is_empty() {
         let _ = report("error __guard needs a command");
         std::process::exit(2);
     }
+    // With a PID namespace, our next child (the launcher) is its PID 1: the namespace dies,
+    // and the kernel kills every process in it, when that init dies, and it dies with us.
+    // SAFETY: unshare has no memory-safety preconditions.
+    if guard.cage.pid_namespace() && unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+        let error = std::io::Error::last_os_error();
+        let _ = writeln_stderr(&format!(
+            "baton: error: cannot create the command's PID namespace: {error}"
+        ));
+        std::process::exit(1);
+    }
     // While we campaign, a launcher process already sits inside the cgroup, waiting for the
     // token: moving a process into a cgroup can cost a full RCU grace period (over 10 ms here),
     // which must not be on the handoff's critical path.
     let launcher = Launcher::spawn(command, &guard.cage);
+    if guard.cage.pid_namespace() && launcher.started.is_none() {
+        // Whatever we started next would be the namespace's init: never CMD itself.
+        let _ = writeln_stderr("baton: error: cannot start the command's PID namespace init");
+        std::process::exit(1);
+    }
     // The first line is "TOKEN DEADLINE"; nothing (the pipe closed) means the supervisor
     // stopped before winning, or died: nothing to run.
     let (token, deadline) = loop {
@@ -164,15 +181,24 @@ pub fn main(command: &[OsString]) -> ! {
         launcher.cancel();
     }
     let cmd = match launcher.start(token) {
-        Some(pid) => pid,
+        Some((pid, relay)) => {
+            guard.relay = Some(relay);
+            pid
+        }
         None => start_directly(command, &guard.cage, token),
     };
     guard_loop(&mut guard, cmd, deadline)
 }
 
 /// A `baton __launch -- CMD` process in the cgroup, waiting on its fd 3 for the token.
+///
+/// fd 3 is one end of a socket pair: the token goes down it, and with a PID namespace (where
+/// the launcher stays as the namespace's init and CMD is its child) CMD's exit comes back up it
+/// as `exit CODE`. The launcher's parent-death signal is SIGKILL: CMD (or, with a PID
+/// namespace, the init and so the whole namespace) dies with the guard, even when the guard is
+/// killed together with `baton run`.
 struct Launcher {
-    /// Its pid and the write end of its token pipe; `None` if it could not be started.
+    /// Its pid and our end of its socket; `None` if it could not be started.
     started: Option<(i32, OwnedFd)>,
 }
 
@@ -180,8 +206,11 @@ impl Launcher {
     fn spawn(command: &[OsString], cage: &Cage) -> Launcher {
         let started = (|| {
             let me = std::env::current_exe().ok()?;
-            let (read_end, write_end) = pipe(0).ok()?;
-            let read_fd = read_end.as_raw_fd();
+            let (ours, theirs) = socket_pair().ok()?;
+            // Ours is read in the guard's loop, which must never block (the token fits in an
+            // empty socket's buffer, so sending it cannot fail for want of room).
+            nonblocking(ours.as_raw_fd()).ok()?;
+            let their_fd = theirs.as_raw_fd();
             let mut join = cage.joiner();
             let mut launch = Command::new(me);
             launch
@@ -190,28 +219,31 @@ impl Launcher {
                 .args(command)
                 .env_remove("BATON_SUPERVISOR_PID")
                 .env_remove(CAGE_ENV);
-            // SAFETY: only async-signal-safe calls (open, write, close, dup2) after fork.
+            // SAFETY: only async-signal-safe calls (open, write, close, dup2, prctl) after fork.
             unsafe {
                 launch.pre_exec(move || {
                     join()?;
-                    if libc::dup2(read_fd, CONTROL_FD) < 0 {
+                    if libc::dup2(their_fd, CONTROL_FD) < 0
+                        || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0
+                    {
                         return Err(std::io::Error::last_os_error());
                     }
                     Ok(())
                 });
             }
             let child = launch.spawn().ok()?;
-            drop(read_end);
-            Some((child.id() as i32, write_end))
+            drop(theirs);
+            Some((child.id() as i32, ours))
         })();
         Launcher { started }
     }
 
-    /// Hands it the token: it becomes CMD. `None` if there is no launcher.
-    fn start(self, token: u64) -> Option<i32> {
-        let (pid, pipe) = self.started?;
-        write_fd(pipe.as_raw_fd(), format!("{token}\n").as_bytes()).ok()?;
-        Some(pid)
+    /// Hands it the token: it starts CMD. Returns its pid and our end of its socket (kept open:
+    /// the launcher takes the socket closing as our death). `None` if there is no launcher.
+    fn start(self, token: u64) -> Option<(i32, OwnedFd)> {
+        let (pid, socket) = self.started?;
+        send(&socket, format!("{token}\n").as_bytes()).ok()?;
+        Some((pid, socket))
     }
 
     /// No term after all: the launcher sees its pipe close and exits; we wait for it, then
@@ -228,8 +260,18 @@ impl Launcher {
 }
 
 /// `baton __launch -- CMD ARGS`: waits on fd 3 for the token, then becomes CMD with
-/// `BATON_TOKEN` set. The pipe closing first means there is no term: exit quietly.
+/// `BATON_TOKEN` set. The socket closing first means there is no term: exit quietly.
+///
+/// As PID 1 of a PID namespace it stays, as the namespace's init: it mounts the namespace's own
+/// /proc (so the PIDs CMD sees match /proc), starts CMD as its child, reaps every orphan, tells
+/// the guard CMD's exit code, and exits (with that code) only when no process is left in the
+/// namespace.
 pub fn launch(command: &[OsString]) -> ! {
+    // SAFETY: getpid has no preconditions.
+    let init = unsafe { libc::getpid() } == 1;
+    if init {
+        mount_own_proc();
+    }
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     loop {
@@ -251,25 +293,126 @@ pub fn launch(command: &[OsString]) -> ! {
     else {
         std::process::exit(0);
     };
-    // SAFETY: closing our copy of the token pipe, which CMD must not inherit.
-    unsafe { libc::close(CONTROL_FD) };
+    // Our parent-death signal was set before the token could arrive; if the guard still holds
+    // its end of the socket now, its death from here on kills us.
+    if guard_gone() {
+        std::process::exit(0);
+    }
     let Some((program, args)) = command.split_first() else {
         std::process::exit(2);
     };
-    let error = Command::new(program)
-        .args(args)
-        .env("BATON_TOKEN", token.to_string())
-        .exec();
+    let mut cmd = Command::new(program);
+    cmd.args(args).env("BATON_TOKEN", token.to_string());
+    if init {
+        // SAFETY: fcntl on our own descriptor: CMD must not inherit the socket.
+        unsafe { libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+        init_main(cmd, program);
+    }
+    // SAFETY: closing our copy of the socket, which CMD must not inherit.
+    unsafe { libc::close(CONTROL_FD) };
+    let error = cmd.exec();
+    std::process::exit(cannot_start(program, &error))
+}
+
+/// Says on stderr that `program` cannot start; returns the exit code a shell would give.
+fn cannot_start(program: &std::ffi::OsStr, error: &std::io::Error) -> i32 {
     let _ = writeln_stderr(&format!(
         "baton: error: cannot start {}: {error}",
         program.to_string_lossy()
     ));
     // 126/127 as the shell reports "cannot execute" / "command not found".
-    std::process::exit(if error.kind() == std::io::ErrorKind::NotFound {
+    if error.kind() == std::io::ErrorKind::NotFound {
         127
     } else {
         126
-    })
+    }
+}
+
+/// Whether the guard closed its end of the launcher's socket (it died).
+fn guard_gone() -> bool {
+    let mut byte = 0u8;
+    // SAFETY: peek into a byte we own.
+    let got = unsafe {
+        libc::recv(
+            CONTROL_FD,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    got == 0
+}
+
+/// The PID namespace's init: starts CMD, reaps everything, reports CMD's exit to the guard,
+/// and exits when the namespace is empty. Signals without a handler never reach a namespace's
+/// init (but SIGKILL from the guard), so it needs none.
+fn init_main(mut cmd: Command, program: &std::ffi::OsStr) -> ! {
+    let relay = |code: i32| {
+        let line = format!("exit {code}\n");
+        // SAFETY: send from a buffer we own; MSG_NOSIGNAL: a dead guard is no SIGPIPE.
+        unsafe {
+            libc::send(
+                CONTROL_FD,
+                line.as_ptr().cast(),
+                line.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+    };
+    let cmd_pid = match cmd.spawn() {
+        Ok(child) => child.id() as i32,
+        Err(error) => {
+            let code = cannot_start(program, &error);
+            relay(code);
+            std::process::exit(code);
+        }
+    };
+    let mut code = None;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on any child.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid == cmd_pid {
+            let exited = exit_code(Ok(std::process::ExitStatus::from_raw(status)));
+            code = Some(exited);
+            relay(exited);
+        } else if pid < 0
+            && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+        {
+            // No child left: the namespace is empty.
+            std::process::exit(code.unwrap_or(1));
+        }
+    }
+}
+
+/// Gives the PID namespace a /proc of its own, in a mount namespace of its own, so that the
+/// PIDs its processes see (their own, their children's) are the ones /proc shows them. Mounts
+/// made on the host later still propagate in (the root is a slave); ours never leak out. If
+/// any step fails, CMD sees the host's /proc.
+fn mount_own_proc() {
+    // SAFETY: unshare and mount with constant, NUL-terminated arguments.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            return;
+        }
+        if libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return;
+        }
+        libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        );
+    }
 }
 
 /// Starts CMD from the guard itself (when no launcher could be started): it joins the cgroup
@@ -283,23 +426,22 @@ fn start_directly(command: &[OsString], cage: &Cage, token: u64) -> i32 {
         .env("BATON_TOKEN", token.to_string())
         .env_remove("BATON_SUPERVISOR_PID")
         .env_remove(CAGE_ENV);
-    // SAFETY: the closure only makes async-signal-safe calls (open, write, close).
+    let mut join = join;
+    // SAFETY: the closure only makes async-signal-safe calls (open, write, close, prctl).
     unsafe {
-        start.pre_exec(join);
+        start.pre_exec(move || {
+            join()?;
+            // CMD dies with us, as a launcher would.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
     match start.spawn() {
         Ok(child) => child.id() as i32,
         Err(error) => {
-            let _ = writeln_stderr(&format!(
-                "baton: error: cannot start {}: {error}",
-                program.to_string_lossy()
-            ));
-            // 126/127 as the shell reports "cannot execute" / "command not found".
-            let code = if error.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            };
+            let code = cannot_start(program, &error);
             let _ = report(&format!("exit {code}"));
             std::process::exit(code);
         }
@@ -311,6 +453,12 @@ fn guard_loop(guard: &mut Guard, cmd: i32, mut deadline: u64) -> ! {
     let mut code: Option<i32> = None;
     let mut told_left = false;
     loop {
+        while let Some(line) = guard.relayed.pop_line() {
+            // From the PID namespace's init: CMD itself has exited.
+            if let Some(relayed) = line.trim().strip_prefix("exit ") {
+                code = code.or(relayed.parse().ok());
+            }
+        }
         let children_left = reap_children(cmd, &mut code);
         if let Some(code) = code {
             if !children_left && guard.cage.is_empty() {
@@ -355,7 +503,7 @@ fn reap_children(cmd: i32, code: &mut Option<i32>) -> bool {
         // SAFETY: waitpid on any child, non-blocking.
         let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
         if pid > 0 {
-            if pid == cmd {
+            if pid == cmd && code.is_none() {
                 *code = Some(exit_code(Ok(std::process::ExitStatus::from_raw(status))));
             }
             continue;
@@ -375,6 +523,10 @@ struct Guard {
     wake: OwnedFd,
     timer: Option<OwnedFd>,
     control: Control,
+    /// Our end of the launcher's socket, once CMD started: with a PID namespace, its init
+    /// reports CMD's exit here.
+    relay: Option<OwnedFd>,
+    relayed: Control,
 }
 
 impl Guard {
@@ -431,6 +583,10 @@ impl Guard {
             pollfd(self.wake.as_raw_fd()),
             pollfd(self.timer.as_ref().map_or(-1, |t| t.as_raw_fd())),
             pollfd(if self.control.closed { -1 } else { CONTROL_FD }),
+            pollfd(match (&self.relay, self.relayed.closed) {
+                (Some(relay), false) => relay.as_raw_fd(),
+                _ => -1,
+            }),
         ];
         // SAFETY: poll on descriptors we own, in an array we own.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
@@ -438,7 +594,10 @@ impl Guard {
         if let Some(timer) = &self.timer {
             drain(timer.as_raw_fd());
         }
-        self.control.fill();
+        self.control.fill(CONTROL_FD);
+        if let Some(relay) = &self.relay {
+            self.relayed.fill(relay.as_raw_fd());
+        }
     }
 }
 
@@ -548,7 +707,55 @@ pub fn pipe(flags: libc::c_int) -> std::io::Result<(OwnedFd, OwnedFd)> {
     unsafe { Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
 }
 
-/// Lines from the (non-blocking) control pipe.
+/// A connected pair of close-on-exec Unix stream sockets.
+fn socket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair writes two descriptors into the array we own.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nothing else.
+    unsafe { Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
+}
+
+/// Sends all of `bytes` on a socket, without SIGPIPE if the peer is gone.
+fn send(socket: &OwnedFd, bytes: &[u8]) -> std::io::Result<()> {
+    // SAFETY: send from a buffer we own.
+    let sent = unsafe {
+        libc::send(
+            socket.as_raw_fd(),
+            bytes.as_ptr().cast(),
+            bytes.len(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    if sent != bytes.len() as isize {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes `fd` non-blocking.
+fn nonblocking(fd: i32) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Lines from a (non-blocking) pipe or socket.
 #[derive(Default)]
 struct Control {
     buffer: Vec<u8>,
@@ -556,12 +763,12 @@ struct Control {
 }
 
 impl Control {
-    /// Reads whatever is available without blocking.
-    fn fill(&mut self) {
+    /// Reads whatever is available on `fd` without blocking.
+    fn fill(&mut self, fd: i32) {
         while !self.closed {
             let mut chunk = [0u8; 256];
             // SAFETY: read into a buffer we own.
-            let read = unsafe { libc::read(CONTROL_FD, chunk.as_mut_ptr().cast(), chunk.len()) };
+            let read = unsafe { libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len()) };
             match read {
                 n if n > 0 => {
                     self.buffer.extend_from_slice(&chunk[..n as usize]);

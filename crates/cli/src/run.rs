@@ -24,7 +24,7 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
-use crate::containment::{self, Cage, Mode, CAGE_ENV};
+use crate::containment::{self, Cage, Mode, PidNamespace, CAGE_ENV};
 use crate::{guard, log, open_election, serve, Exit, UsageError, EXIT_LOST};
 
 /// Flags of `baton run`.
@@ -66,6 +66,12 @@ pub struct RunArgs {
     /// What holds CMD and everything it starts: auto picks the strongest the host allows.
     #[arg(long, env = "BATON_CONTAINMENT", value_enum, default_value_t = Mode::Auto)]
     containment: Mode,
+    /// Run CMD in a PID namespace of its own (needs root or CAP_SYS_ADMIN): then every process
+    /// of CMD dies even when `baton run` and its guard are killed together (`killall -9
+    /// baton`). CMD sees namespace PIDs: its own is 2, and a pidfile it writes holds PIDs the
+    /// host does not know.
+    #[arg(long, env = "BATON_PID_NAMESPACE", value_enum, default_value_t = PidNamespace::Off)]
+    pid_namespace: PidNamespace,
     /// Serve /metrics (Prometheus), /healthz and /leader over HTTP on this IP:PORT (port 0:
     /// any free port; the address is printed on stderr) [default: off].
     #[arg(long, value_name = "ADDR")]
@@ -199,7 +205,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (_backend, election) = open_election(&args.backend, &name, config).await?;
     // Orphans of the guard (should it die) come to us, not to PID 1: we can still kill them.
     containment::become_subreaper().context("becoming a child subreaper")?;
-    let cage = Cage::create(args.containment).map_err(|why| {
+    let mut cage = Cage::create(args.containment).map_err(|why| {
         UsageError(format!(
             "--containment {}: {why}",
             clap::ValueEnum::to_possible_value(&args.containment)
@@ -207,6 +213,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .unwrap_or_default()
         ))
     })?;
+    cage.use_pid_namespace(args.pid_namespace)
+        .map_err(|why| UsageError(format!("--pid-namespace on: {why}")))?;
     let cage = Arc::new(cage);
     let _cage_dir = CageGuard(cage.clone());
     let terms = serve::Terms::new(&name);

@@ -731,3 +731,152 @@ fn nested_runs_leave_no_cgroup_behind() {
         (!cgroup_dirs(a.id()).iter().any(|d| d.exists())).then_some(())
     });
 }
+
+/// `killall -9 baton`: the supervisor and the guard die in the same instant, so neither is left
+/// to kill anything. Without a PID namespace the command's own process still dies (its
+/// parent-death signal is SIGKILL); what it started outlives it (documented).
+#[test]
+fn killing_supervisor_and_guard_together_kills_the_command_itself() {
+    let dir = scratch("kill-both");
+    let election = unique("kill-both");
+    let pid_file = dir.join("pid");
+    let script = format!("echo $$ > {}; exec sleep 600", pid_file.display());
+    let mut a = start(&election, &dir, "a", &[], &script);
+    let cmd = wait_for("a's command runs", Duration::from_secs(5), || {
+        read_number(&pid_file)
+    });
+    let guard = guard_of(a.id());
+    // SAFETY: kill(2) on processes this test started.
+    unsafe {
+        libc::kill(a.id() as i32, libc::SIGKILL);
+        libc::kill(guard, libc::SIGKILL);
+    }
+    let _ = a.wait();
+    wait_for(
+        "the command dies with its guard",
+        Duration::from_secs(1),
+        || (!alive(cmd)).then_some(()),
+    );
+}
+
+/// With `--pid-namespace on`, killing the supervisor and the guard together kills every
+/// process of the command, however it left the process group or the session: the namespace's
+/// init dies with the guard and the kernel kills the rest. The command sees namespace PIDs, so
+/// the test collects the host PIDs by walking `baton run`'s tree.
+#[test]
+fn a_pid_namespace_dies_with_supervisor_and_guard_killed_together() {
+    for shape in [
+        Shape::Timeout,
+        Shape::SetsidFork,
+        Shape::JobControl,
+        Shape::DoubleFork,
+    ] {
+        let name = format!("pidns-{shape:?}").to_lowercase();
+        let dir = scratch(&name);
+        let election = unique(&name);
+        let pids = dir.join("a.pids");
+        let script = shape.script(&pids, 600);
+        let mut a = start(&election, &dir, "a", &["--pid-namespace", "on"], &script);
+        wait_for("a's command runs", Duration::from_secs(5), || {
+            (pids_in(&pids).len() >= shape.processes()).then_some(())
+        });
+        let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap();
+        assert!(
+            stderr.contains("in a PID namespace of its own"),
+            "{shape:?}: {stderr}"
+        );
+        // Inside, the command is PID 2 (the namespace's init is 1) and /proc agrees.
+        let inside = pids_in(&pids);
+        assert_eq!(inside[0], 2, "{shape:?}: {inside:?}");
+        let guard = guard_of(a.id());
+        let tree = descendants(a.id() as i32);
+        // Guard, init, and at least the long-lived process (the command's first process may
+        // have exited already, as with `setsid -f`).
+        assert!(tree.len() >= 3, "{shape:?}: {tree:?}");
+        // SAFETY: kill(2) on processes this test started.
+        unsafe {
+            libc::kill(a.id() as i32, libc::SIGKILL);
+            libc::kill(guard, libc::SIGKILL);
+        }
+        let _ = a.wait();
+        wait_for(
+            &format!("{shape:?}: every process gone ({tree:?})"),
+            Duration::from_secs(1),
+            || tree.iter().all(|&p| !alive(p as u64)).then_some(()),
+        );
+    }
+}
+
+/// Under a PID namespace a term ends as it does without one: the command's exit code once
+/// everything it started is gone (the term lasting while a daemon lives), 143 on SIGTERM with
+/// nothing left, 3 when the lease is lost; the successor never overlaps.
+#[test]
+fn a_pid_namespace_ends_terms_as_usual() {
+    let dir = scratch("pidns-ends");
+    let election = unique("pidns-ends");
+    let ns = ["--pid-namespace", "on"];
+    // The command exits 7 at once; its daemon lives 2 s more, and so does the term.
+    let started = Instant::now();
+    let mut a = start(&election, &dir, "a", &ns, "setsid -f sleep 2; exit 7");
+    let status = wait_for("a exits", Duration::from_secs(6), || a.try_wait().unwrap());
+    assert_eq!(status.code(), Some(7));
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the term ended before the daemon"
+    );
+    // SIGTERM, then a lost lease: nothing is left either way.
+    for (ending, expected) in [(Ending::Sigterm, 143), (Ending::LeaseLost, 3)] {
+        let mut a = start(&election, &dir, "a", &ns, "setsid -f sleep 600; sleep 600");
+        let supervisor = a.id() as i32;
+        wait_for("a's command runs", Duration::from_secs(5), || {
+            (descendants(supervisor).len() >= 4).then_some(())
+        });
+        let tree = descendants(supervisor);
+        match ending {
+            Ending::Sigterm => signal(supervisor, libc::SIGTERM),
+            _ => delete_leader_key(&election),
+        }
+        let status = wait_for("a exits", Duration::from_secs(5), || a.try_wait().unwrap());
+        let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap_or_default();
+        assert_eq!(status.code(), Some(expected), "{ending:?}: {stderr}");
+        assert!(
+            tree.iter().all(|&p| !alive(p as u64)),
+            "{ending:?}: left running: {tree:?}"
+        );
+    }
+}
+
+/// Asking for a PID namespace where none can be made is bad input: one line, exit 2. (As an
+/// unprivileged user: run as `nobody` through `setpriv`, when the test runs as root.)
+#[test]
+fn a_pid_namespace_that_cannot_be_made_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        let output = run_script(&unique("pidns-refused"), &["--pid-namespace", "on"], "true")
+            .output()
+            .unwrap();
+        check_refused(&output);
+        return;
+    }
+    let mut command = run_script(&unique("pidns-refused"), &["--pid-namespace", "on"], "true");
+    let program = command.get_program().to_owned();
+    let args: Vec<_> = command.get_args().map(|a| a.to_owned()).collect();
+    command = std::process::Command::new("setpriv");
+    command
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(program)
+        .args(args)
+        .env("BATON_CONTAINMENT", "subreaper");
+    let output = command.output().unwrap();
+    check_refused(&output);
+}
+
+fn check_refused(output: &std::process::Output) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--pid-namespace on: cannot create a PID namespace"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
