@@ -11,23 +11,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_core::{Candidate, CandidateAction, ElectionConfig, LossReason};
+use baton_core::ElectionConfig;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
     LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
-use tokio::sync::{mpsc, watch, Mutex};
+use tokio::sync::{mpsc, Mutex};
 
 use crate::clock::Clock;
-use crate::election::{
-    CandidateSpec, Command, GuardContext, LeaderInfo, Leadership, Observed, Status,
-};
+use crate::driver::{EntryWatch, Fired, Located, Queue, QueueLease, ReadPoint, TokenMemory};
+use crate::election::{CandidateSpec, Command, GuardContext, LeaderInfo, Leadership, Observed};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
-use crate::session::{start_lease, LeaseHandle, LeaseTransport, LeaseView};
+use crate::session::{start_lease, LeaseHandle, LeaseTransport};
 use crate::stats::Stats;
 use crate::url::{CANDIDATES_MARKER, IDS_MARKER};
-use crate::watch_hub::{DeletionWatch, Fired, WatchHub};
+use crate::watch_hub::{DeletionWatch, WatchHub};
 
 /// etcd leases are whole seconds; the server raises anything shorter than its own minimum
 /// (1.5 × election timeout, 2 s with default settings) and we use whatever it grants.
@@ -42,8 +41,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often an observer checks that the server still answers, and how long it waits.
 const OBSERVER_PROBE: Duration = Duration::from_secs(1);
 
-/// Pause between attempts when a requeueing candidate hits a backend error.
-const RETRY_PAUSE: Duration = Duration::from_millis(200);
+use crate::driver::RETRY_PAUSE;
 
 /// etcd's `MaxLeaseTTL`: the server refuses a grant above it ("too large lease TTL"). A TTL
 /// above it is bad input, rejected when the election is made rather than at the first grant.
@@ -148,7 +146,7 @@ impl LeaseKey {
 
 /// One granted lease, shared by every candidate with the same settings.
 #[derive(Debug)]
-struct EtcdLease {
+pub(crate) struct EtcdLease {
     id: i64,
     handle: LeaseHandle,
 }
@@ -162,7 +160,7 @@ pub(crate) struct EtcdBackend {
     /// The highest token seen elected per election, across this backend's candidacies: a new
     /// entry at or below it means etcd's revision went backwards (restored or wiped). One
     /// number per election this process has led.
-    highest_tokens: std::sync::Mutex<HashMap<String, u64>>,
+    tokens: TokenMemory,
     pub(crate) stats: Arc<Stats>,
     /// Every candidate's deletion watches share this one stream.
     hub: WatchHub,
@@ -217,7 +215,7 @@ impl EtcdBackend {
             clock: Clock::new(),
             leases: Mutex::new(HashMap::new()),
             next_candidate: AtomicU64::new(0),
-            highest_tokens: std::sync::Mutex::new(HashMap::new()),
+            tokens: TokenMemory::default(),
             stats,
         })
     }
@@ -263,24 +261,6 @@ impl EtcdBackend {
         Ok(lease)
     }
 
-    /// The highest token elected in `election` through this backend so far.
-    fn highest_token(&self, election: &str) -> Option<u64> {
-        let tokens = self
-            .highest_tokens
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        tokens.get(election).copied()
-    }
-
-    fn note_token(&self, election: &str, token: u64) {
-        let mut tokens = self
-            .highest_tokens
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let highest = tokens.entry(election.to_string()).or_default();
-        *highest = (*highest).max(token);
-    }
-
     /// A candidacy is done with `lease`: if no other candidacy uses it, forget it, so that it
     /// is revoked (when its last reference goes) rather than renewed for nobody.
     async fn release_lease(&self, lease: Arc<EtcdLease>) {
@@ -319,41 +299,15 @@ impl EtcdBackend {
         commands: mpsc::Sender<Command>,
         leaderships: mpsc::Sender<Box<Result<Leadership>>>,
     ) {
-        let CandidateSpec {
-            election,
-            id,
-            value,
-            config,
-        } = spec;
         let serial = self.next_candidate.fetch_add(1, Ordering::Relaxed);
-        let driver = CandidateDriver {
-            backend: self.clone(),
-            client: self.client.clone(),
-            prefix: self.candidates_scope(&election),
-            id_key: format!("{}/{}/{}/{}", self.prefix, election, IDS_MARKER, id).into_bytes(),
-            entry: encode(&id, value.as_deref()),
-            election,
-            id,
+        crate::driver::spawn(
+            self.clone(),
+            spec,
             serial,
-            config: config.clone(),
-            core: Candidate::new(config.requeue),
-            lease: None,
-            own_key: Vec::new(),
-            predecessor: None,
-            own_watch: None,
-            predecessor_watch: None,
-            status: None,
-            term_metrics: None,
-            commands,
             commands_rx,
+            commands,
             leaderships,
-            failures: 0,
-            resign_acks: Vec::new(),
-            step_down_acks: Vec::new(),
-            create_uncertain: false,
-            created_revision: 0,
-        };
-        tokio::spawn(driver.run());
+        );
     }
 
     pub(crate) async fn leader(&self, election: &str) -> Result<Option<LeaderInfo>> {
@@ -815,45 +769,18 @@ impl LeaseTransport for EtcdLeaseTransport {
     }
 }
 
-/// The driver of one candidacy: a loop around [`Candidate`].
-struct CandidateDriver {
-    backend: Arc<EtcdBackend>,
-    client: Client,
+/// One candidacy as etcd sees it: where its entries live and what they hold.
+pub(crate) struct EtcdEntrant {
+    election: String,
+    id: String,
+    serial: u64,
+    /// `<prefix>/<election>/@candidates/`: the scope of every query of this election.
+    scope: String,
     /// `<prefix>/<election>/@ids/<id>`: created with our entry, bound to the same lease, so a
     /// second live candidate with our id is refused.
     id_key: Vec<u8>,
     /// What our entry holds: the id and the leader value (see `encode`).
-    entry: String,
-    /// `<prefix>/<election>/@candidates/`: the scope of every query of this election.
-    prefix: String,
-    election: String,
-    id: String,
-    serial: u64,
-    config: ElectionConfig,
-    core: Candidate,
-    lease: Option<Arc<EtcdLease>>,
-    own_key: Vec<u8>,
-    /// The key and create revision we wait behind.
-    predecessor: Option<(Vec<u8>, i64)>,
-    /// The deletion of our own key.
-    own_watch: Option<DeletionWatch>,
-    /// The deletion of the key we wait behind.
-    predecessor_watch: Option<DeletionWatch>,
-    /// The status channel of the current leadership.
-    status: Option<watch::Sender<Status>>,
-    /// The current leadership's metrics (`baton_is_leader` and time left), ended by dropping.
-    term_metrics: Option<crate::metrics::Term>,
-    commands: mpsc::Sender<Command>,
-    commands_rx: mpsc::Receiver<Command>,
-    leaderships: mpsc::Sender<Box<Result<Leadership>>>,
-    /// Consecutive failed campaign steps (for rate-limited warnings).
-    failures: u64,
-    resign_acks: Vec<tokio::sync::oneshot::Sender<()>>,
-    step_down_acks: Vec<tokio::sync::oneshot::Sender<()>>,
-    /// A create request failed without an answer: the key may exist. Deleted on giving up.
-    create_uncertain: bool,
-    /// The revision of the last key we created (for the error when it was too low).
-    created_revision: u64,
+    value: String,
 }
 
 /// What a create transaction found.
@@ -864,351 +791,81 @@ enum Created {
     IdTakenBy(etcd_client::KeyValue),
 }
 
-/// What woke the driver.
-enum Wake {
-    Command(Option<Command>),
-    LeaseOver,
-    Deleted(Vec<u8>, i64),
-    WatchBroken,
-    /// Nobody is waiting for a leadership any more (the campaign future was dropped).
-    Abandoned,
+impl QueueLease for EtcdLease {
+    fn handle(&self) -> &LeaseHandle {
+        &self.handle
+    }
 }
 
-impl CandidateDriver {
-    async fn run(mut self) {
-        self.core.campaign();
-        loop {
-            while let Some(action) = self.core.poll_action() {
-                // Boxed: request futures are large, and a candidate spends its life waiting,
-                // so the task should not carry their size while it waits (memory per election).
-                Box::pin(self.perform(action)).await;
-            }
-            // A stepped-down term's key has been deleted by now.
-            for ack in self.step_down_acks.drain(..) {
-                let _ = ack.send(());
-            }
-            if self.core.is_finished() {
-                break;
-            }
-            let wake = Box::pin(self.wait()).await;
-            // Requeue serves the `Candidacy` handle: once it is gone nobody can receive another
-            // term, so a loss or a resigned term must end the candidacy, never campaign again
-            // (a new term would be dropped at once, resign, campaign again, and so on forever).
-            if self.leaderships.is_closed() {
-                self.core.stop_requeue();
-            }
-            match wake {
-                Wake::Command(command) => self.handle_command(command),
-                Wake::LeaseOver => self.core.handle_lease_expired(),
-                Wake::Deleted(key, revision) => {
-                    // The watch that fired is spent.
-                    if key == self.own_key {
-                        self.own_watch = None;
-                    } else {
-                        self.predecessor_watch = None;
-                    }
-                    if key == self.own_key {
-                        self.core.handle_key_deleted();
-                    } else if self
-                        .predecessor
-                        .as_ref()
-                        .is_some_and(|(k, r)| *k == key && *r == revision)
-                    {
-                        self.backend.stats.wakeups.fetch_add(1, Ordering::Relaxed);
-                        self.core.handle_predecessor_deleted(revision as u64);
-                    }
-                }
-                Wake::WatchBroken => Box::pin(self.recheck()).await,
-                Wake::Abandoned => self.core.resign(),
-            }
-        }
-        // Drain the last actions (the DeleteKey of a resign) before acknowledging.
-        while let Some(action) = self.core.poll_action() {
-            Box::pin(self.perform(action)).await;
-        }
-        if let Some(status) = &self.status {
-            status.send_if_modified(|s| {
-                if *s == Status::Leading {
-                    *s = Status::Resigned;
-                    true
-                } else {
-                    false
-                }
-            });
-        }
-        self.term_metrics = None;
-        for ack in self.resign_acks.drain(..) {
-            let _ = ack.send(());
-        }
-        if let Some(lease) = self.lease.take() {
-            self.backend.release_lease(lease).await;
+impl EntryWatch<Vec<u8>> for DeletionWatch {
+    async fn fired(&mut self) -> Fired<Vec<u8>> {
+        DeletionWatch::fired(self).await
+    }
+}
+
+/// The queue on etcd: an entry is a key under the election's scope, its position the key's
+/// create revision (etcd's revisions are global and strictly increasing, so queue order is
+/// commit order), bound to the lease.
+impl Queue for EtcdBackend {
+    type Lease = EtcdLease;
+    type Entry = Vec<u8>;
+    type Entrant = EtcdEntrant;
+    type Watch = DeletionWatch;
+
+    fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    fn tokens(&self) -> &TokenMemory {
+        &self.tokens
+    }
+
+    fn entrant(&self, spec: &CandidateSpec, serial: u64) -> EtcdEntrant {
+        EtcdEntrant {
+            election: spec.election.clone(),
+            id: spec.id.clone(),
+            serial,
+            scope: self.candidates_scope(&spec.election),
+            id_key: format!(
+                "{}/{}/{}/{}",
+                self.prefix, spec.election, IDS_MARKER, spec.id
+            )
+            .into_bytes(),
+            value: encode(&spec.id, spec.value.as_deref()),
         }
     }
 
-    fn handle_command(&mut self, command: Option<Command>) {
-        match command {
-            None => self.core.resign(),
-            Some(Command::Resign { term, ack }) => {
-                if term.is_some() && term != self.core.token() {
-                    // A leadership of an earlier term: that term is already over.
-                    if let Some(ack) = ack {
-                        let _ = ack.send(());
-                    }
-                } else if term.is_some() && self.config.requeue {
-                    // The current term's holder resigned it; the candidacy goes on.
-                    if let Some(status) = self.status.take() {
-                        status.send_replace(Status::Resigned);
-                    }
-                    self.term_metrics = None;
-                    self.step_down_acks.extend(ack);
-                    self.core.step_down();
-                } else {
-                    self.resign_acks.extend(ack);
-                    self.core.resign();
-                }
-            }
-        }
+    async fn lease(&self, config: &ElectionConfig) -> Result<Arc<EtcdLease>> {
+        EtcdBackend::lease(self, config).await
     }
 
-    async fn wait(&mut self) -> Wake {
-        let mut lease_view = self
-            .lease
-            .as_ref()
-            .map(|lease| lease.handle.watch.view.clone());
-        let lease_over = async {
-            match lease_view.as_mut() {
-                Some(view) => {
-                    let _ = view.wait_for(|v| *v == LeaseView::Over).await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        let own = &mut self.own_watch;
-        let predecessor = &mut self.predecessor_watch;
-        let has_key = self.core.own_revision().is_some();
-        let deleted = async {
-            let Some(own) = own.as_mut() else {
-                if has_key {
-                    // The watch could not be reopened: try again shortly.
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                    return Wake::WatchBroken;
-                }
-                return std::future::pending().await;
-            };
-            let predecessor_fired = async {
-                match predecessor.as_mut() {
-                    Some(watch) => watch.fired().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let fired = tokio::select! {
-                fired = own.fired() => fired,
-                fired = predecessor_fired => fired,
-            };
-            match fired {
-                Fired::Deleted {
-                    key,
-                    create_revision,
-                } => Wake::Deleted(key, create_revision),
-                Fired::Broken => Wake::WatchBroken,
-            }
-        };
-        // While not leading, a dropped `Candidacy` (or campaign future) means nobody will ever
-        // take the leadership: leave the queue instead of occupying a place in it.
-        let leaderships = self.leaderships.clone();
-        let leading = self.status.is_some();
-        let abandoned = async {
-            if leading {
-                std::future::pending::<()>().await;
-            }
-            leaderships.closed().await;
-        };
-        tokio::select! {
-            biased;
-            command = self.commands_rx.recv() => Wake::Command(command),
-            _ = lease_over => Wake::LeaseOver,
-            wake = deleted => wake,
-            _ = abandoned => Wake::Abandoned,
-        }
+    async fn release_lease(&self, lease: Arc<EtcdLease>) {
+        EtcdBackend::release_lease(self, lease).await
     }
 
-    /// After a broken watch (connection lost, compaction): find out from scratch where we
-    /// stand. Our key must still exist with our revision; then the watch is reopened from the
-    /// revision of that read (nothing older is replayed, so compaction cannot break it again),
-    /// and a waiter looks for its predecessor anew. If etcd cannot be reached, the watch stays
-    /// closed and [`CandidateDriver::wait`] tries again shortly; the lease's local deadline
-    /// bounds how long a leader can act meanwhile.
-    async fn recheck(&mut self) {
-        self.drop_watches();
-        tokio::time::sleep(RETRY_PAUSE).await;
-        let Some(own_revision) = self.core.own_revision() else {
-            return;
-        };
-        let own_revision = own_revision as i64;
-        let read_revision = match self.own_key_revision(own_revision).await {
-            Ok(Some(read_revision)) => read_revision,
-            Ok(None) => return self.core.handle_key_deleted(),
-            Err(_) => return,
-        };
-        if self.open_watch(read_revision + 1).await.is_err() {
-            // `wait` retries shortly while a key has no watch.
-            return;
-        }
-        if let baton_core::CandidateState::Queued { predecessor, .. } = self.core.state() {
-            self.core.handle_predecessor_deleted(predecessor);
-        }
+    async fn abandon_lease(&self, lease: &Arc<EtcdLease>) {
+        EtcdBackend::abandon_lease(self, lease).await
     }
 
-    /// Stops both deletion watches (cancelled at the server by the hub).
-    fn drop_watches(&mut self) {
-        self.own_watch = None;
-        self.predecessor_watch = None;
+    fn entry_name(&self, entrant: &EtcdEntrant, lease: &EtcdLease) -> Vec<u8> {
+        format!("{}{:016x}-{}", entrant.scope, lease.id, entrant.serial).into_bytes()
     }
 
-    /// `Some(revision of the read)` if our key exists with `own_revision`, `None` if not.
-    async fn own_key_revision(&mut self, own_revision: i64) -> Result<Option<i64>> {
-        let response = request(
-            &self.backend.stats,
-            "get own key",
-            self.client.get(self.own_key.clone(), None),
-        )
-        .await?;
-        let read_revision = response.header().map_or(0, |h| h.revision());
-        let exists = response
-            .kvs()
-            .first()
-            .is_some_and(|kv| kv.create_revision() == own_revision);
-        Ok(exists.then_some(read_revision))
-    }
-
-    async fn perform(&mut self, action: CandidateAction) {
-        match action {
-            CandidateAction::CreateKey => self.create_key().await,
-            CandidateAction::FindPredecessor { own_revision } => {
-                self.find_predecessor(own_revision as i64).await
-            }
-            CandidateAction::WatchPredecessor { revision } => {
-                // The watch was extended in find_predecessor; nothing more to do here.
-                debug_assert!(self
-                    .predecessor
-                    .as_ref()
-                    .is_some_and(|(_, r)| *r == revision as i64));
-            }
-            CandidateAction::Elected { token } => self.elected(token),
-            CandidateAction::Lost {
-                reason,
-                was_leading,
-            } => self.lost(reason, was_leading),
-            CandidateAction::DeleteKey { revision } => self.delete_key(revision as i64).await,
-        }
-    }
-
-    async fn create_key(&mut self) {
-        self.drop_watches();
-        self.predecessor = None;
-        // Tokens elected before our create is sent: our key must come out above them. (Not
-        // re-read per attempt: a retry may adopt a key created by an earlier attempt.)
-        if let Some(highest) = self.backend.highest_token(&self.election) {
-            self.core.handle_token_seen(highest);
-        }
-        loop {
-            match self.try_create_key().await {
-                Ok(revision) => {
-                    if let Err(error) = self.open_watch(revision + 1).await {
-                        // Without a watch we cannot hear of deletions: delete and retry.
-                        if self.try_delete(revision).await.is_err() {
-                            self.create_uncertain = true;
-                        }
-                        if self.give_up(error).await {
-                            return;
-                        }
-                        continue;
-                    }
-                    self.failures = 0;
-                    self.create_uncertain = false;
-                    self.created_revision = revision as u64;
-                    self.core.handle_key_created(revision as u64);
-                    return;
-                }
-                Err(error) => {
-                    if self.give_up(error).await {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Best effort: deletes our key name if it exists bound to our lease (an attempt whose
-    /// answer was lost). Later attempts adopt such a key anyway; this is for giving up.
-    async fn delete_if_ours(&mut self) -> bool {
-        let Some(lease) = self.lease.as_ref().map(|lease| lease.id) else {
-            return true;
-        };
-        if self.own_key.is_empty() {
-            return true;
-        }
-        let key = self.own_key.clone();
-        self.delete_own_key_if(Compare::lease(key, CompareOp::Equal, lease))
-            .await
-            .is_ok()
-    }
-
-    /// Without requeue a failure ends the candidacy and reaches the caller; with requeue we
-    /// pause and retry (unless asked to stop). Returns whether to give up.
-    async fn give_up(&mut self, error: Error) -> bool {
-        if !self.config.requeue || self.leaderships.is_closed() {
-            let _ = self.leaderships.try_send(Box::new(Err(error)));
-            self.core.handle_backend_failed();
-            self.clean_up_uncertain_create().await;
-            return true;
-        }
-        // Every failure would be five lines a second during an outage: say it every 5 s.
-        if self.failures % 25 == 0 {
-            tracing::warn!(election = %self.election, %error, "campaign step failed; retrying");
-        }
-        self.failures += 1;
-        // A resign must not wait for the backend to come back.
-        tokio::select! {
-            _ = tokio::time::sleep(RETRY_PAUSE) => false,
-            command = self.commands_rx.recv() => {
-                self.handle_command(command);
-                let finished = self.core.is_finished();
-                if finished {
-                    self.clean_up_uncertain_create().await;
-                }
-                finished
-            }
-        }
-    }
-
-    /// Giving up after a create whose answer was lost: the key may exist on a lease that is
-    /// still renewed (shared with other elections), where it would block this election for
-    /// the life of the process. Delete it, or failing that, let its lease lapse.
-    async fn clean_up_uncertain_create(&mut self) {
-        if !std::mem::take(&mut self.create_uncertain) {
-            return;
-        }
-        if !self.delete_if_ours().await {
-            if let Some(lease) = self.lease.clone() {
-                self.backend.abandon_lease(&lease).await;
-            }
-        }
-    }
-
-    async fn try_create_key(&mut self) -> Result<i64> {
-        let lease = self.backend.lease(&self.config).await?;
-        self.own_key = format!("{}{:016x}-{}", self.prefix, lease.id, self.serial).into_bytes();
-        self.lease = Some(lease.clone());
+    async fn create(
+        &self,
+        entrant: &EtcdEntrant,
+        entry: &Vec<u8>,
+        lease: &EtcdLease,
+    ) -> Result<u64> {
         // Twice at most: the second attempt follows the removal of a stale id entry.
         for _ in 0..2 {
-            match self.create_once(lease.id).await? {
-                Created::Key(revision) => return Ok(revision),
+            match self.create_once(entrant, entry, lease.id).await? {
+                Created::Key(revision) => return Ok(revision as u64),
                 Created::IdTakenBy(holder) => {
-                    if !self.clear_stale_id_entry(&holder).await? {
+                    if !self.clear_stale_id_entry(entrant, &holder).await? {
                         return Err(Error::DuplicateId {
-                            election: self.election.clone(),
-                            id: self.id.clone(),
+                            election: entrant.election.clone(),
+                            id: entrant.id.clone(),
                             entry: String::from_utf8_lossy(holder.value()).into_owned(),
                         });
                     }
@@ -1222,39 +879,104 @@ impl CandidateDriver {
         })
     }
 
+    async fn locate(
+        &self,
+        entrant: &EtcdEntrant,
+        entry: &Vec<u8>,
+        position: u64,
+    ) -> Result<Located<Vec<u8>>> {
+        let own_revision = i64::try_from(position).unwrap_or(i64::MAX);
+        // In one transaction: is our key still ours, and who is just ahead of it?
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_max_create_revision(own_revision - 1)
+            .with_limit(1);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                entry.clone(),
+                CompareOp::Equal,
+                own_revision,
+            )])
+            .and_then([TxnOp::get(entrant.scope.clone(), Some(options))]);
+        let mut client = self.client.clone();
+        let response = request(&self.stats, "find predecessor", client.txn(txn)).await?;
+        if !response.succeeded() {
+            return Ok(Located::Gone);
+        }
+        let at = response.header().map_or(0, |h| h.revision()).max(0) as u64;
+        let ahead = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => get
+                .kvs()
+                .first()
+                .map(|kv| (kv.key().to_vec(), kv.create_revision() as u64)),
+            _ => None,
+        });
+        Ok(Located::Exists { ahead, at })
+    }
+
+    async fn confirm(&self, entry: &Vec<u8>, position: u64) -> Result<Option<ReadPoint>> {
+        let mut client = self.client.clone();
+        let response = request(&self.stats, "get own key", client.get(entry.clone(), None)).await?;
+        let at = response.header().map_or(0, |h| h.revision()).max(0) as u64;
+        let exists = response
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() as u64 == position);
+        Ok(exists.then_some(at))
+    }
+
+    async fn watch_deletion(&self, entry: &Vec<u8>, after: ReadPoint) -> Result<DeletionWatch> {
+        let start = i64::try_from(after).unwrap_or(i64::MAX - 1) + 1;
+        self.hub.watch(entry.clone(), start).await
+    }
+
+    async fn delete(&self, entrant: &EtcdEntrant, entry: &Vec<u8>, position: u64) -> Result<()> {
+        // Delete only the key we created, never a later one with the same name.
+        let revision = i64::try_from(position).unwrap_or(i64::MAX);
+        let condition = Compare::create_revision(entry.clone(), CompareOp::Equal, revision);
+        self.delete_own_key_if(entrant, entry, condition).await
+    }
+
+    async fn delete_if_on_lease(
+        &self,
+        entrant: &EtcdEntrant,
+        entry: &Vec<u8>,
+        lease: &EtcdLease,
+    ) -> Result<()> {
+        let condition = Compare::lease(entry.clone(), CompareOp::Equal, lease.id);
+        self.delete_own_key_if(entrant, entry, condition).await
+    }
+
+    fn guard(&self, entry: &Vec<u8>, _position: u64) -> GuardContext {
+        GuardContext::Etcd {
+            client: self.client.clone(),
+            key: entry.clone(),
+        }
+    }
+}
+
+impl EtcdBackend {
     /// One create transaction: our entry and our id entry, both bound to the lease, only if
     /// neither exists.
-    async fn create_once(&mut self, lease: i64) -> Result<Created> {
-        let key = self.own_key.clone();
+    async fn create_once(&self, entrant: &EtcdEntrant, key: &[u8], lease: i64) -> Result<Created> {
         let leased = || Some(PutOptions::new().with_lease(lease));
         let txn = Txn::new()
             .when([
-                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                Compare::create_revision(self.id_key.clone(), CompareOp::Equal, 0),
+                Compare::create_revision(key.to_vec(), CompareOp::Equal, 0),
+                Compare::create_revision(entrant.id_key.clone(), CompareOp::Equal, 0),
             ])
             .and_then([
-                TxnOp::put(key.clone(), self.entry.clone(), leased()),
-                TxnOp::put(self.id_key.clone(), key.clone(), leased()),
+                TxnOp::put(key.to_vec(), entrant.value.clone(), leased()),
+                TxnOp::put(entrant.id_key.clone(), key.to_vec(), leased()),
             ])
             .or_else([
-                TxnOp::get(key.clone(), None),
-                TxnOp::get(self.id_key.clone(), None),
+                TxnOp::get(key.to_vec(), None),
+                TxnOp::get(entrant.id_key.clone(), None),
             ]);
-        let response = match request(
-            &self.backend.stats,
-            "create candidate key",
-            self.client.txn(txn),
-        )
-        .await
-        {
-            Ok(response) => response,
-            Err(error) => {
-                // The create may have committed even though no answer came. A retry adopts
-                // such a key; giving up deletes it (see `give_up`).
-                self.create_uncertain = true;
-                return Err(error);
-            }
-        };
+        let mut client = self.client.clone();
+        let response = request(&self.stats, "create candidate key", client.txn(txn)).await?;
         if response.succeeded() {
             return Ok(Created::Key(response.header().map_or(0, |h| h.revision())));
         }
@@ -1281,247 +1003,50 @@ impl CandidateDriver {
 
     /// An id entry whose candidate entry is gone (deleted behind baton's back, say) is stale:
     /// removes it, unless it changed meanwhile. Returns whether it was stale.
-    async fn clear_stale_id_entry(&mut self, holder: &etcd_client::KeyValue) -> Result<bool> {
+    async fn clear_stale_id_entry(
+        &self,
+        entrant: &EtcdEntrant,
+        holder: &etcd_client::KeyValue,
+    ) -> Result<bool> {
         let txn = Txn::new()
             .when([
                 Compare::create_revision(holder.value().to_vec(), CompareOp::Equal, 0),
-                Compare::mod_revision(self.id_key.clone(), CompareOp::Equal, holder.mod_revision()),
+                Compare::mod_revision(
+                    entrant.id_key.clone(),
+                    CompareOp::Equal,
+                    holder.mod_revision(),
+                ),
             ])
-            .and_then([TxnOp::delete(self.id_key.clone(), None)]);
-        let response = request(
-            &self.backend.stats,
-            "clear stale id entry",
-            self.client.txn(txn),
-        )
-        .await?;
+            .and_then([TxnOp::delete(entrant.id_key.clone(), None)]);
+        let mut client = self.client.clone();
+        let response = request(&self.stats, "clear stale id entry", client.txn(txn)).await?;
         Ok(response.succeeded())
     }
 
-    /// Watches our own key (deletions only) from `start_revision`.
-    async fn open_watch(&mut self, start_revision: i64) -> Result<()> {
-        let watch = self
-            .backend
-            .hub
-            .watch(self.own_key.clone(), start_revision)
-            .await?;
-        self.own_watch = Some(watch);
-        Ok(())
-    }
-
-    /// Always one transaction that also checks our own key, even when the predecessor's
-    /// deletion suggests we are first: the same revision may have deleted our key too (a
-    /// `del --prefix`, a shared lease revoked), and its event may not have reached us yet.
-    async fn find_predecessor(&mut self, own_revision: i64) {
-        loop {
-            match self.try_find_predecessor(own_revision).await {
-                Ok(Some(found)) => {
-                    let revision = found.as_ref().map(|(_, revision)| *revision as u64);
-                    self.predecessor = found;
-                    self.core.handle_predecessor(revision);
-                    return;
-                }
-                Ok(None) => {
-                    self.core.handle_key_deleted();
-                    return;
-                }
-                Err(error) => {
-                    if !error.is_retryable() || self.lease_over() {
-                        self.core.handle_backend_failed();
-                        // With requeue the core campaigns again; the caller hears nothing.
-                        if !self.config.requeue {
-                            let _ = self.leaderships.try_send(Box::new(Err(error)));
-                        }
-                        return;
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(RETRY_PAUSE) => {}
-                        command = self.commands_rx.recv() => {
-                            self.handle_command(command);
-                            if self.core.is_finished() {
-                                return;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn lease_over(&self) -> bool {
-        self.lease
-            .as_ref()
-            .is_none_or(|lease| !lease.handle.is_live())
-    }
-
-    /// `Ok(None)`: our key is gone. `Ok(Some(None))`: we are first. `Ok(Some(Some(p)))`: `p`
-    /// is ahead of us, and a watch for its deletion is in place.
-    async fn try_find_predecessor(
-        &mut self,
-        own_revision: i64,
-    ) -> Result<Option<Option<(Vec<u8>, i64)>>> {
-        // In one transaction: is our key still ours, and who is just ahead of it?
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(own_revision - 1)
-            .with_limit(1);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.own_key.clone(),
-                CompareOp::Equal,
-                own_revision,
-            )])
-            .and_then([TxnOp::get(self.prefix.clone(), Some(options))]);
-        let response = request(
-            &self.backend.stats,
-            "find predecessor",
-            self.client.txn(txn),
-        )
-        .await?;
-        if !response.succeeded() {
-            return Ok(None);
-        }
-        let read_revision = response.header().map_or(0, |h| h.revision());
-        let predecessor = response.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(get) => get
-                .kvs()
-                .first()
-                .map(|kv| (kv.key().to_vec(), kv.create_revision())),
-            _ => None,
-        });
-        if let Some((key, _)) = &predecessor {
-            if self.own_watch.is_none() {
-                // Our key exists as of `read_revision` (the transaction checked it).
-                self.open_watch(read_revision + 1).await?;
-            }
-            // Watch from just after our read: a deletion in between is replayed, not missed.
-            // Replacing the previous predecessor's watch cancels it.
-            let watch = self
-                .backend
-                .hub
-                .watch(key.clone(), read_revision + 1)
-                .await?;
-            self.predecessor_watch = Some(watch);
-        } else {
-            self.predecessor_watch = None;
-        }
-        Ok(Some(predecessor))
-    }
-
-    fn elected(&mut self, token: u64) {
-        if self.lease_over() {
-            // Elected from a buffered event after our lease ran out (say, after a pause):
-            // the key may already be gone at the server and a rival leading. Never announce it.
-            if !self.config.requeue {
-                let _ = self
-                    .leaderships
-                    .try_send(Box::new(Err(Error::CampaignLost(LossReason::LeaseExpired))));
-            }
-            self.core.handle_lease_expired();
-            return;
-        }
-        let lease = self.lease.as_ref().expect("elected under a lease");
-        self.backend.note_token(&self.election, token);
-        self.term_metrics = Some(crate::metrics::Term::begin(
-            &self.election,
-            &lease.handle.watch,
-        ));
-        let (status_tx, status_rx) = watch::channel(Status::Leading);
-        self.status = Some(status_tx);
-        let leadership = Leadership::new(
-            self.election.clone(),
-            self.id.clone(),
-            token,
-            status_rx,
-            lease.handle.watch.clone(),
-            self.commands.clone(),
-            GuardContext::Etcd {
-                client: self.client.clone(),
-                key: self.own_key.clone(),
-            },
-        );
-        if self.leaderships.try_send(Box::new(Ok(leadership))).is_err() {
-            // Nobody is waiting for it (the candidacy was dropped): the leadership's own drop
-            // has queued a resign, which must end the candidacy rather than requeue.
-            tracing::debug!(election = %self.election, "leadership not collected; resigning");
-            self.core.stop_requeue();
-        }
-    }
-
-    fn lost(&mut self, reason: LossReason, was_leading: bool) {
-        if let Some(status) = self.status.take() {
-            status.send_replace(Status::Lost(reason));
-        }
-        self.term_metrics = None;
-        crate::metrics::lost(&self.election, reason);
-        if reason == LossReason::TokenRegressed {
-            // Final even with requeue: the caller must hear why.
-            let error = Error::TokenRegressed {
-                election: self.election.clone(),
-                token: self.created_revision,
-                highest: self.core.highest_token().unwrap_or_default(),
-            };
-            tracing::warn!(election = %self.election, %error, "candidacy ended");
-            let _ = self.leaderships.try_send(Box::new(Err(error)));
-        } else if !was_leading && !self.config.requeue {
-            let _ = self
-                .leaderships
-                .try_send(Box::new(Err(Error::CampaignLost(reason))));
-        }
-        self.drop_watches();
-        self.predecessor = None;
-    }
-
-    async fn delete_key(&mut self, revision: i64) {
-        // We are deleting it ourselves: stop watching it first, so nobody is told.
-        self.drop_watches();
-        if self.lease_over() {
-            // The key is going with the lease at the server; one try to speed that up.
-            let _ = self.try_delete(revision).await;
-            return;
-        }
-        for attempt in 0..2 {
-            if self.try_delete(revision).await.is_ok() {
-                return;
-            }
-            if attempt < 1 {
-                tokio::time::sleep(RETRY_PAUSE).await;
-            }
-        }
-        // etcd is unreachable: let the lease lapse so the key goes with it.
-        if let Some(lease) = self.lease.clone() {
-            tracing::warn!(election = %self.election, "could not delete our key; ending its lease");
-            self.backend.abandon_lease(&lease).await;
-        }
-    }
-
-    async fn try_delete(&mut self, revision: i64) -> Result<()> {
-        // Delete only the key we created, never a later one with the same name.
-        let key = self.own_key.clone();
-        self.delete_own_key_if(Compare::create_revision(key, CompareOp::Equal, revision))
-            .await
-    }
-
-    /// Deletes our key name in one transaction guarded by `condition`, within the delete bound.
-    async fn delete_own_key_if(&mut self, condition: Compare) -> Result<()> {
+    /// Deletes our key in one transaction guarded by `condition`, within the delete bound.
+    async fn delete_own_key_if(
+        &self,
+        entrant: &EtcdEntrant,
+        key: &[u8],
+        condition: Compare,
+    ) -> Result<()> {
         // The id entry goes with our key, but only if it is ours (it names our key).
         let id_entry = Txn::new()
             .when([Compare::value(
-                self.id_key.clone(),
+                entrant.id_key.clone(),
                 CompareOp::Equal,
-                self.own_key.clone(),
+                key.to_vec(),
             )])
-            .and_then([TxnOp::delete(self.id_key.clone(), None)]);
-        let txn = Txn::new().when([condition]).and_then([
-            TxnOp::delete(self.own_key.clone(), None),
-            TxnOp::txn(id_entry),
-        ]);
+            .and_then([TxnOp::delete(entrant.id_key.clone(), None)]);
+        let txn = Txn::new()
+            .when([condition])
+            .and_then([TxnOp::delete(key.to_vec(), None), TxnOp::txn(id_entry)]);
+        let mut client = self.client.clone();
         request_within(
             DELETE_TIMEOUT,
-            &self.backend.stats,
+            &self.stats,
             "delete candidate key",
-            self.client.txn(txn),
+            client.txn(txn),
         )
         .await?;
         Ok(())

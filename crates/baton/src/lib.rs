@@ -19,6 +19,7 @@
 
 mod backend;
 mod clock;
+mod driver;
 mod election;
 mod error;
 #[cfg(feature = "etcd")]

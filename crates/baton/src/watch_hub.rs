@@ -21,15 +21,8 @@ use crate::stats::Stats;
 /// Bound on queued registrations and cancellations: one or two per candidate at a time.
 const QUEUE: usize = 1024;
 
-/// Why a deletion watch fired.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Fired {
-    /// The key was deleted; `create_revision` is that of the incarnation deleted.
-    Deleted { key: Vec<u8>, create_revision: i64 },
-    /// The watch can no longer be trusted (stream broken, cancelled by the server, event
-    /// without its previous value): find out afresh.
-    Broken,
-}
+/// Why a deletion watch fired: the entry is the key.
+pub(crate) type Fired = crate::driver::Fired<Vec<u8>>;
 
 enum Request {
     Watch {
@@ -231,8 +224,8 @@ impl Hub {
             };
             let outcome = match (event.kv(), event.prev_kv()) {
                 (Some(kv), Some(prev)) => Fired::Deleted {
-                    key: kv.key().to_vec(),
-                    create_revision: prev.create_revision(),
+                    entry: kv.key().to_vec(),
+                    revision: prev.create_revision().max(0) as u64,
                 },
                 // Without the previous value we cannot tell which incarnation went.
                 _ => Fired::Broken,
