@@ -1,24 +1,85 @@
 //! Connecting to a backend by URL.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use baton_core::{BackendLimits, ElectionConfig};
+use tokio::sync::mpsc;
 
+use crate::election::{CandidateSpec, Command, LeaderInfo, Leadership, Observed};
 use crate::error::{Error, Result};
+use crate::fenced::{FencedTxn, FencedTxnResponse};
 use crate::stats::StatsSnapshot;
 use crate::url::BackendUrl;
+
+/// A boxed future, for the object-safe backend traits.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the public API needs of a connected backend. Object-safe: [`Backend`] holds one as
+/// `Arc<dyn Connection>`, so nothing above this trait knows which backend it talks to.
+pub(crate) trait Connection: Send + Sync + std::fmt::Debug + 'static {
+    /// What this backend's leases can be.
+    fn limits(&self) -> BackendLimits;
+
+    /// Counters of the requests and events handled so far.
+    fn stats(&self) -> StatsSnapshot;
+
+    /// Ends every lease this connection holds, at the server.
+    fn close(&self) -> BoxFuture<'_, ()>;
+
+    /// Starts the driver of one candidacy (see [`crate::driver::spawn`]).
+    fn spawn_candidate(
+        self: Arc<Self>,
+        spec: CandidateSpec,
+        commands_rx: mpsc::Receiver<Command>,
+        commands: mpsc::Sender<Command>,
+        leaderships: mpsc::Sender<Box<Result<Leadership>>>,
+    );
+
+    /// The current leader of `election`, if any.
+    fn leader<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Option<LeaderInfo>>>;
+
+    /// Every candidate of `election` in queue order.
+    fn participants<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Vec<LeaderInfo>>>;
+
+    /// Starts an observer task that sends the current leader, then every change, on `tx`.
+    fn spawn_observer(
+        self: Arc<Self>,
+        election: String,
+        tx: mpsc::Sender<Observed>,
+    ) -> BoxFuture<'static, Result<()>>;
+
+    /// Runs `txn` only while `token` leads `election`, atomically with the check.
+    fn fenced_txn<'a>(
+        &'a self,
+        election: &'a str,
+        token: u64,
+        txn: &'a FencedTxn,
+        limit: Duration,
+    ) -> BoxFuture<'a, Result<FencedTxnResponse>>;
+}
+
+/// The means a [`crate::Leadership`] has to write only while it leads: backend-specific, held
+/// as a trait object.
+pub(crate) trait Fencer: Send + Sync + std::fmt::Debug + 'static {
+    /// Runs `txn` only while the leadership of `token` in `election` holds, atomically with
+    /// the check, within `limit`.
+    fn run<'a>(
+        &'a self,
+        election: &'a str,
+        token: u64,
+        txn: &'a FencedTxn,
+        limit: Duration,
+    ) -> BoxFuture<'a, Result<FencedTxnResponse>>;
+}
 
 /// A connection to a coordination service. Cheap to clone; clones share leases and
 /// connections, so one process holding many elections renews one lease per configuration.
 #[derive(Debug, Clone)]
 pub struct Backend {
-    kind: Arc<BackendKind>,
-}
-
-#[derive(Debug)]
-pub(crate) enum BackendKind {
-    #[cfg(feature = "etcd")]
-    Etcd(Arc<crate::etcd::EtcdBackend>),
+    connection: Arc<dyn Connection>,
 }
 
 impl Backend {
@@ -31,7 +92,7 @@ impl Backend {
             BackendUrl::Etcd { endpoints, prefix } => {
                 let etcd = crate::etcd::EtcdBackend::connect(endpoints, prefix).await?;
                 Ok(Backend {
-                    kind: Arc::new(BackendKind::Etcd(Arc::new(etcd))),
+                    connection: Arc::new(etcd),
                 })
             }
             #[cfg(not(feature = "etcd"))]
@@ -42,17 +103,14 @@ impl Backend {
         }
     }
 
-    pub(crate) fn kind(&self) -> &BackendKind {
-        &self.kind
+    pub(crate) fn connection(&self) -> &Arc<dyn Connection> {
+        &self.connection
     }
 
     /// What this backend can hold (TTL bounds and step): a configuration that passes
     /// `config.validate(&backend.limits())` is one this backend accepts.
     pub fn limits(&self) -> BackendLimits {
-        match self.kind() {
-            #[cfg(feature = "etcd")]
-            BackendKind::Etcd(_) => crate::etcd::LIMITS,
-        }
+        self.connection.limits()
     }
 
     /// Checks `config` against itself and this backend's limits: the same check
@@ -64,19 +122,13 @@ impl Backend {
 
     /// Counters of the requests and events this backend handled so far.
     pub fn stats(&self) -> StatsSnapshot {
-        match self.kind() {
-            #[cfg(feature = "etcd")]
-            BackendKind::Etcd(etcd) => etcd.stats.snapshot(),
-        }
+        self.connection.stats()
     }
 
     /// Revokes every lease this backend holds: all its leaderships and candidacies end at the
     /// server at once.
     pub async fn close(&self) {
-        match self.kind() {
-            #[cfg(feature = "etcd")]
-            BackendKind::Etcd(etcd) => etcd.close().await,
-        }
+        self.connection.close().await
     }
 }
 

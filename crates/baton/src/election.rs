@@ -6,7 +6,7 @@ use baton_core::{ElectionConfig, LossReason};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::backend::{Backend, BackendKind};
+use crate::backend::{Backend, Fencer};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedTxn, FencedTxnResponse};
 use crate::health::LeaseHealth;
@@ -85,27 +85,7 @@ pub(crate) enum Status {
 }
 
 /// Backend-specific means to make writes that only succeed while a token leads.
-#[derive(Clone)]
-pub(crate) enum GuardContext {
-    #[cfg(feature = "etcd")]
-    Etcd {
-        client: etcd_client::Client,
-        /// The leader key whose create revision is the token.
-        key: Vec<u8>,
-    },
-}
-
-impl std::fmt::Debug for GuardContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            #[cfg(feature = "etcd")]
-            GuardContext::Etcd { key, .. } => f
-                .debug_struct("Etcd")
-                .field("key", &String::from_utf8_lossy(key))
-                .finish(),
-        }
-    }
-}
+pub(crate) type GuardContext = std::sync::Arc<dyn Fencer>;
 
 /// A named job that needs exactly one leader.
 ///
@@ -205,10 +185,7 @@ impl Election {
     /// Every candidate in queue order: the leader first, then the waiters in the order they
     /// would take over.
     pub async fn participants(&self) -> Result<Vec<LeaderInfo>> {
-        match self.backend.kind() {
-            #[cfg(feature = "etcd")]
-            BackendKind::Etcd(etcd) => etcd.participants(&self.name).await,
-        }
+        self.backend.connection().participants(&self.name).await
     }
 
     pub(crate) fn start_candidacy(
@@ -236,12 +213,12 @@ impl Election {
         crate::metrics::campaigning(&self.name);
         let (leaderships_tx, leaderships) = mpsc::channel(1);
         let (commands, commands_rx) = mpsc::channel(4);
-        match self.backend.kind() {
-            #[cfg(feature = "etcd")]
-            BackendKind::Etcd(etcd) => {
-                etcd.spawn_candidate(spec, commands_rx, commands.clone(), leaderships_tx)
-            }
-        }
+        self.backend.connection().clone().spawn_candidate(
+            spec,
+            commands_rx,
+            commands.clone(),
+            leaderships_tx,
+        );
         Ok(Candidacy {
             leaderships,
             commands,
@@ -250,20 +227,18 @@ impl Election {
 
     /// The current leader, if any.
     pub async fn leader(&self) -> Result<Option<LeaderInfo>> {
-        match self.backend.kind() {
-            #[cfg(feature = "etcd")]
-            BackendKind::Etcd(etcd) => etcd.leader(&self.name).await,
-        }
+        self.backend.connection().leader(&self.name).await
     }
 
     /// Observes the leader: the current state first, then every change, including "no
     /// leader". Changes are never dropped; a slow reader slows the observer, not the election.
     pub async fn observe(&self) -> Result<Observer> {
         let (tx, rx) = mpsc::channel::<Observed>(256);
-        match self.backend.kind() {
-            #[cfg(feature = "etcd")]
-            BackendKind::Etcd(etcd) => etcd.spawn_observer(self.name.clone(), tx).await?,
-        }
+        self.backend
+            .connection()
+            .clone()
+            .spawn_observer(self.name.clone(), tx)
+            .await?;
         Ok(Observer { rx })
     }
 
@@ -278,13 +253,10 @@ impl Election {
     /// Runs `txn` only if `token` still leads this election, atomically with the check. Fails
     /// with [`Error::Fenced`] otherwise. Bounded by the backend's request timeout.
     pub async fn fenced_txn(&self, token: u64, txn: FencedTxn) -> Result<FencedTxnResponse> {
-        match self.backend.kind() {
-            #[cfg(feature = "etcd")]
-            BackendKind::Etcd(etcd) => {
-                etcd.fenced_txn_by_token(&self.name, token, &txn, REQUEST_TIMEOUT)
-                    .await
-            }
-        }
+        self.backend
+            .connection()
+            .fenced_txn(&self.name, token, &txn, REQUEST_TIMEOUT)
+            .await
     }
 }
 
@@ -491,21 +463,7 @@ impl Leadership {
         if left.is_zero() {
             return Err(fenced());
         }
-        match &self.guard {
-            #[cfg(feature = "etcd")]
-            GuardContext::Etcd {
-                client,
-                key: leader_key,
-            } => {
-                let fence = crate::etcd::Fence {
-                    client: client.clone(),
-                    election: &self.election,
-                    leader_key: leader_key.clone(),
-                    token: self.token,
-                };
-                fence.run(&txn, left).await
-            }
-        }
+        self.guard.run(&self.election, self.token, &txn, left).await
     }
 
     /// Resigns this term of office: deletes our entry so a successor can start at once, and

@@ -18,6 +18,7 @@ use etcd_client::{
 };
 use tokio::sync::{mpsc, Mutex};
 
+use crate::backend::{BoxFuture, Connection, Fencer};
 use crate::clock::Clock;
 use crate::driver::{EntryWatch, Fired, Located, Queue, QueueLease, ReadPoint, TokenMemory};
 use crate::election::{CandidateSpec, Command, GuardContext, LeaderInfo, Leadership, Observed};
@@ -292,24 +293,6 @@ impl EtcdBackend {
         lease.handle.stop_renewing();
     }
 
-    pub(crate) fn spawn_candidate(
-        self: &Arc<Self>,
-        spec: CandidateSpec,
-        commands_rx: mpsc::Receiver<Command>,
-        commands: mpsc::Sender<Command>,
-        leaderships: mpsc::Sender<Box<Result<Leadership>>>,
-    ) {
-        let serial = self.next_candidate.fetch_add(1, Ordering::Relaxed);
-        crate::driver::spawn(
-            self.clone(),
-            spec,
-            serial,
-            commands_rx,
-            commands,
-            leaderships,
-        );
-    }
-
     pub(crate) async fn leader(&self, election: &str) -> Result<Option<LeaderInfo>> {
         let mut client = self.client.clone();
         let options = GetOptions::new()
@@ -519,13 +502,11 @@ impl EtcdBackend {
         let Some(kv) = response.kvs().first() else {
             return Err(fenced());
         };
-        let fence = Fence {
+        let fence = EtcdFencer {
             client: self.client.clone(),
-            election,
             leader_key: kv.key().to_vec(),
-            token,
         };
-        fence.run(txn, limit).await
+        fence.fenced(election, token, txn, limit).await
     }
 }
 
@@ -611,19 +592,44 @@ fn root_cause(error: &etcd_client::Error) -> String {
 /// The fence of one leadership: its leader key, which exists with create revision `token`
 /// exactly while that leadership holds (no key with a lower revision can appear later, so if it
 /// exists it is still the lowest).
-pub(crate) struct Fence<'a> {
-    pub(crate) client: Client,
-    pub(crate) election: &'a str,
-    pub(crate) leader_key: Vec<u8>,
-    pub(crate) token: u64,
+#[derive(Clone)]
+pub(crate) struct EtcdFencer {
+    client: Client,
+    leader_key: Vec<u8>,
 }
 
-impl Fence<'_> {
+impl std::fmt::Debug for EtcdFencer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdFencer")
+            .field("leader_key", &String::from_utf8_lossy(&self.leader_key))
+            .finish()
+    }
+}
+
+impl Fencer for EtcdFencer {
+    fn run<'a>(
+        &'a self,
+        election: &'a str,
+        token: u64,
+        txn: &'a FencedTxn,
+        limit: Duration,
+    ) -> BoxFuture<'a, Result<FencedTxnResponse>> {
+        Box::pin(self.fenced(election, token, txn, limit))
+    }
+}
+
+impl EtcdFencer {
     /// Runs `txn` nested inside a transaction that checks the leader key first: one atomic
     /// step, bounded by `limit`.
-    pub(crate) async fn run(&self, txn: &FencedTxn, limit: Duration) -> Result<FencedTxnResponse> {
+    async fn fenced(
+        &self,
+        election: &str,
+        token: u64,
+        txn: &FencedTxn,
+        limit: Duration,
+    ) -> Result<FencedTxnResponse> {
         txn.validate()?;
-        let revision = i64::try_from(self.token).unwrap_or(i64::MAX);
+        let revision = i64::try_from(token).unwrap_or(i64::MAX);
         let compares: Vec<Compare> = txn
             .compares
             .iter()
@@ -654,8 +660,8 @@ impl Fence<'_> {
         let response = timed(limit, "fenced transaction", client.txn(outer)).await?;
         if !response.succeeded() {
             return Err(Error::Fenced {
-                election: self.election.to_string(),
-                token: self.token,
+                election: election.to_string(),
+                token,
             });
         }
         let Some(TxnOpResponse::Txn(inner)) = response.op_responses().into_iter().next() else {
@@ -766,6 +772,57 @@ impl LeaseTransport for EtcdLeaseTransport {
             .await
             .map(|_| ())
             .map_err(|error| backend_error("lease revoke", error))
+    }
+}
+
+impl Connection for EtcdBackend {
+    fn limits(&self) -> baton_core::BackendLimits {
+        LIMITS
+    }
+
+    fn stats(&self) -> crate::StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(EtcdBackend::close(self))
+    }
+
+    fn spawn_candidate(
+        self: Arc<Self>,
+        spec: CandidateSpec,
+        commands_rx: mpsc::Receiver<Command>,
+        commands: mpsc::Sender<Command>,
+        leaderships: mpsc::Sender<Box<Result<Leadership>>>,
+    ) {
+        let serial = self.next_candidate.fetch_add(1, Ordering::Relaxed);
+        crate::driver::spawn(self, spec, serial, commands_rx, commands, leaderships);
+    }
+
+    fn leader<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Option<LeaderInfo>>> {
+        Box::pin(EtcdBackend::leader(self, election))
+    }
+
+    fn participants<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Vec<LeaderInfo>>> {
+        Box::pin(EtcdBackend::participants(self, election))
+    }
+
+    fn spawn_observer(
+        self: Arc<Self>,
+        election: String,
+        tx: mpsc::Sender<Observed>,
+    ) -> BoxFuture<'static, Result<()>> {
+        Box::pin(async move { EtcdBackend::spawn_observer(&self, election, tx).await })
+    }
+
+    fn fenced_txn<'a>(
+        &'a self,
+        election: &'a str,
+        token: u64,
+        txn: &'a FencedTxn,
+        limit: Duration,
+    ) -> BoxFuture<'a, Result<FencedTxnResponse>> {
+        Box::pin(self.fenced_txn_by_token(election, token, txn, limit))
     }
 }
 
@@ -950,10 +1007,10 @@ impl Queue for EtcdBackend {
     }
 
     fn guard(&self, entry: &Vec<u8>, _position: u64) -> GuardContext {
-        GuardContext::Etcd {
+        Arc::new(EtcdFencer {
             client: self.client.clone(),
-            key: entry.clone(),
-        }
+            leader_key: entry.clone(),
+        })
     }
 }
 
