@@ -31,8 +31,6 @@ mod runner;
 mod session;
 mod stats;
 mod url;
-#[cfg(feature = "etcd")]
-mod watch_hub;
 
 pub use backend::Backend;
 pub use baton_core::{

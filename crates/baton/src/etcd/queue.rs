@@ -1,0 +1,302 @@
+//! The candidate queue on etcd, for the backend-neutral driver.
+
+use std::sync::Arc;
+
+use baton_core::ElectionConfig;
+use etcd_client::{
+    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+};
+
+use super::fence::EtcdFencer;
+use super::watch_hub::DeletionWatch;
+use super::{encode, request, request_within, EtcdBackend, EtcdLease, DELETE_TIMEOUT};
+use crate::driver::{EntryWatch, Fired, Located, Queue, QueueLease, ReadPoint, TokenMemory};
+use crate::election::{CandidateSpec, GuardContext};
+use crate::error::{Error, Result};
+use crate::session::LeaseHandle;
+use crate::stats::Stats;
+use crate::url::IDS_MARKER;
+
+/// One candidacy as etcd sees it: where its entries live and what they hold.
+pub(crate) struct EtcdEntrant {
+    election: String,
+    id: String,
+    serial: u64,
+    /// `<prefix>/<election>/@candidates/`: the scope of every query of this election.
+    scope: String,
+    /// `<prefix>/<election>/@ids/<id>`: created with our entry, bound to the same lease, so a
+    /// second live candidate with our id is refused.
+    id_key: Vec<u8>,
+    /// What our entry holds: the id and the leader value (see `encode`).
+    value: String,
+}
+
+/// What a create transaction found.
+enum Created {
+    /// Our entry exists with this create revision.
+    Key(i64),
+    /// Another entry holds our id.
+    IdTakenBy(etcd_client::KeyValue),
+}
+
+impl QueueLease for EtcdLease {
+    fn handle(&self) -> &LeaseHandle {
+        &self.handle
+    }
+}
+
+impl EntryWatch<Vec<u8>> for DeletionWatch {
+    async fn fired(&mut self) -> Fired<Vec<u8>> {
+        DeletionWatch::fired(self).await
+    }
+}
+
+/// The queue on etcd: an entry is a key under the election's scope, its position the key's
+/// create revision (etcd's revisions are global and strictly increasing, so queue order is
+/// commit order), bound to the lease.
+impl Queue for EtcdBackend {
+    type Lease = EtcdLease;
+    type Entry = Vec<u8>;
+    type Entrant = EtcdEntrant;
+    type Watch = DeletionWatch;
+
+    fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    fn tokens(&self) -> &TokenMemory {
+        &self.tokens
+    }
+
+    fn entrant(&self, spec: &CandidateSpec, serial: u64) -> EtcdEntrant {
+        EtcdEntrant {
+            election: spec.election.clone(),
+            id: spec.id.clone(),
+            serial,
+            scope: self.candidates_scope(&spec.election),
+            id_key: format!(
+                "{}/{}/{}/{}",
+                self.prefix, spec.election, IDS_MARKER, spec.id
+            )
+            .into_bytes(),
+            value: encode(&spec.id, spec.value.as_deref()),
+        }
+    }
+
+    async fn lease(&self, config: &ElectionConfig) -> Result<Arc<EtcdLease>> {
+        EtcdBackend::lease(self, config).await
+    }
+
+    async fn release_lease(&self, lease: Arc<EtcdLease>) {
+        EtcdBackend::release_lease(self, lease).await
+    }
+
+    async fn abandon_lease(&self, lease: &Arc<EtcdLease>) {
+        EtcdBackend::abandon_lease(self, lease).await
+    }
+
+    fn entry_name(&self, entrant: &EtcdEntrant, lease: &EtcdLease) -> Vec<u8> {
+        format!("{}{:016x}-{}", entrant.scope, lease.id, entrant.serial).into_bytes()
+    }
+
+    async fn create(
+        &self,
+        entrant: &EtcdEntrant,
+        entry: &Vec<u8>,
+        lease: &EtcdLease,
+    ) -> Result<u64> {
+        // Twice at most: the second attempt follows the removal of a stale id entry.
+        for _ in 0..2 {
+            match self.create_once(entrant, entry, lease.id).await? {
+                Created::Key(revision) => return Ok(revision as u64),
+                Created::IdTakenBy(holder) => {
+                    if !self.clear_stale_id_entry(entrant, &holder).await? {
+                        return Err(Error::DuplicateId {
+                            election: entrant.election.clone(),
+                            id: entrant.id.clone(),
+                            entry: String::from_utf8_lossy(holder.value()).into_owned(),
+                        });
+                    }
+                }
+            }
+        }
+        Err(Error::Backend {
+            backend: "etcd",
+            operation: "create candidate key",
+            detail: "the candidate id entry keeps changing".into(),
+        })
+    }
+
+    async fn locate(
+        &self,
+        entrant: &EtcdEntrant,
+        entry: &Vec<u8>,
+        position: u64,
+    ) -> Result<Located<Vec<u8>>> {
+        let own_revision = i64::try_from(position).unwrap_or(i64::MAX);
+        // In one transaction: is our key still ours, and who is just ahead of it?
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_max_create_revision(own_revision - 1)
+            .with_limit(1);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                entry.clone(),
+                CompareOp::Equal,
+                own_revision,
+            )])
+            .and_then([TxnOp::get(entrant.scope.clone(), Some(options))]);
+        let mut client = self.client.clone();
+        let response = request(&self.stats, "find predecessor", client.txn(txn)).await?;
+        if !response.succeeded() {
+            return Ok(Located::Gone);
+        }
+        let at = response.header().map_or(0, |h| h.revision()).max(0) as u64;
+        let ahead = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => get
+                .kvs()
+                .first()
+                .map(|kv| (kv.key().to_vec(), kv.create_revision() as u64)),
+            _ => None,
+        });
+        Ok(Located::Exists { ahead, at })
+    }
+
+    async fn confirm(&self, entry: &Vec<u8>, position: u64) -> Result<Option<ReadPoint>> {
+        let mut client = self.client.clone();
+        let response = request(&self.stats, "get own key", client.get(entry.clone(), None)).await?;
+        let at = response.header().map_or(0, |h| h.revision()).max(0) as u64;
+        let exists = response
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() as u64 == position);
+        Ok(exists.then_some(at))
+    }
+
+    async fn watch_deletion(&self, entry: &Vec<u8>, after: ReadPoint) -> Result<DeletionWatch> {
+        let start = i64::try_from(after).unwrap_or(i64::MAX - 1) + 1;
+        self.hub.watch(entry.clone(), start).await
+    }
+
+    async fn delete(&self, entrant: &EtcdEntrant, entry: &Vec<u8>, position: u64) -> Result<()> {
+        // Delete only the key we created, never a later one with the same name.
+        let revision = i64::try_from(position).unwrap_or(i64::MAX);
+        let condition = Compare::create_revision(entry.clone(), CompareOp::Equal, revision);
+        self.delete_own_key_if(entrant, entry, condition).await
+    }
+
+    async fn delete_if_on_lease(
+        &self,
+        entrant: &EtcdEntrant,
+        entry: &Vec<u8>,
+        lease: &EtcdLease,
+    ) -> Result<()> {
+        let condition = Compare::lease(entry.clone(), CompareOp::Equal, lease.id);
+        self.delete_own_key_if(entrant, entry, condition).await
+    }
+
+    fn guard(&self, entry: &Vec<u8>, _position: u64) -> GuardContext {
+        Arc::new(EtcdFencer {
+            client: self.client.clone(),
+            leader_key: entry.clone(),
+        })
+    }
+}
+
+impl EtcdBackend {
+    /// One create transaction: our entry and our id entry, both bound to the lease, only if
+    /// neither exists.
+    async fn create_once(&self, entrant: &EtcdEntrant, key: &[u8], lease: i64) -> Result<Created> {
+        let leased = || Some(PutOptions::new().with_lease(lease));
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.to_vec(), CompareOp::Equal, 0),
+                Compare::create_revision(entrant.id_key.clone(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(key.to_vec(), entrant.value.clone(), leased()),
+                TxnOp::put(entrant.id_key.clone(), key.to_vec(), leased()),
+            ])
+            .or_else([
+                TxnOp::get(key.to_vec(), None),
+                TxnOp::get(entrant.id_key.clone(), None),
+            ]);
+        let mut client = self.client.clone();
+        let response = request(&self.stats, "create candidate key", client.txn(txn)).await?;
+        if response.succeeded() {
+            return Ok(Created::Key(response.header().map_or(0, |h| h.revision())));
+        }
+        // Our key exists: an earlier attempt of ours whose answer was lost (it created the id
+        // entry too). Adopt it only if it is bound to our lease. Else the id is taken.
+        let mut gets = response.op_responses().into_iter().map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+            _ => None,
+        });
+        let (own, id_entry) = (gets.next().flatten(), gets.next().flatten());
+        if let Some(kv) = own.filter(|kv| kv.lease() == lease) {
+            return Ok(Created::Key(kv.create_revision()));
+        }
+        // Another candidate's, or a stale one of ours whose entry was deleted behind our back.
+        if let Some(holder) = id_entry {
+            return Ok(Created::IdTakenBy(holder));
+        }
+        Err(Error::Backend {
+            backend: "etcd",
+            operation: "create candidate key",
+            detail: "the key exists with another lease".into(),
+        })
+    }
+
+    /// An id entry whose candidate entry is gone (deleted behind baton's back, say) is stale:
+    /// removes it, unless it changed meanwhile. Returns whether it was stale.
+    async fn clear_stale_id_entry(
+        &self,
+        entrant: &EtcdEntrant,
+        holder: &etcd_client::KeyValue,
+    ) -> Result<bool> {
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(holder.value().to_vec(), CompareOp::Equal, 0),
+                Compare::mod_revision(
+                    entrant.id_key.clone(),
+                    CompareOp::Equal,
+                    holder.mod_revision(),
+                ),
+            ])
+            .and_then([TxnOp::delete(entrant.id_key.clone(), None)]);
+        let mut client = self.client.clone();
+        let response = request(&self.stats, "clear stale id entry", client.txn(txn)).await?;
+        Ok(response.succeeded())
+    }
+
+    /// Deletes our key in one transaction guarded by `condition`, within the delete bound.
+    async fn delete_own_key_if(
+        &self,
+        entrant: &EtcdEntrant,
+        key: &[u8],
+        condition: Compare,
+    ) -> Result<()> {
+        // The id entry goes with our key, but only if it is ours (it names our key).
+        let id_entry = Txn::new()
+            .when([Compare::value(
+                entrant.id_key.clone(),
+                CompareOp::Equal,
+                key.to_vec(),
+            )])
+            .and_then([TxnOp::delete(entrant.id_key.clone(), None)]);
+        let txn = Txn::new()
+            .when([condition])
+            .and_then([TxnOp::delete(key.to_vec(), None), TxnOp::txn(id_entry)]);
+        let mut client = self.client.clone();
+        request_within(
+            DELETE_TIMEOUT,
+            &self.stats,
+            "delete candidate key",
+            client.txn(txn),
+        )
+        .await?;
+        Ok(())
+    }
+}
