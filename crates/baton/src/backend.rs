@@ -85,9 +85,13 @@ pub struct Backend {
 impl Backend {
     /// Connects to the backend named by `url` and checks that it answers.
     ///
-    /// URLs: `etcd://host:port[,host:port]/prefix` (also `baton server`).
+    /// URLs: `etcd://host:port[,host:port]/prefix` (also `baton server`), `memory://NAME`
+    /// (a store inside this process, for tests: see [`crate::MemoryStore`]).
     pub async fn connect(url: &str) -> Result<Backend> {
         match BackendUrl::parse(url)? {
+            BackendUrl::Memory { name } => Ok(Backend {
+                connection: Arc::new(crate::memory::MemoryBackend::connect(&name)?),
+            }),
             #[cfg(feature = "etcd")]
             BackendUrl::Etcd { endpoints, prefix } => {
                 let etcd = crate::etcd::EtcdBackend::connect(endpoints, prefix).await?;

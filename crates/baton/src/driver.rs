@@ -171,6 +171,93 @@ pub(crate) trait Queue: Send + Sync + 'static {
     fn guard(&self, entry: &Self::Entry, position: u64) -> GuardContext;
 }
 
+/// Lease settings that must match for two elections to share a lease.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct LeaseKey {
+    ttl: Duration,
+    renew: Duration,
+    drift_ppm: u32,
+    margin: Duration,
+}
+
+impl LeaseKey {
+    fn of(config: &ElectionConfig) -> LeaseKey {
+        LeaseKey {
+            ttl: config.ttl,
+            renew: config.renew_interval(),
+            drift_ppm: config.max_drift_ppm,
+            margin: config.safety_margin,
+        }
+    }
+}
+
+/// The leases of one backend connection: one per distinct lease settings, shared by every
+/// candidacy with those settings, so one process holding many elections renews one lease.
+#[derive(Debug)]
+pub(crate) struct LeasePool<L> {
+    leases: tokio::sync::Mutex<std::collections::HashMap<LeaseKey, Arc<L>>>,
+}
+
+impl<L> Default for LeasePool<L> {
+    fn default() -> Self {
+        LeasePool {
+            leases: tokio::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+}
+
+impl<L: QueueLease> LeasePool<L> {
+    /// A live lease with `config`'s settings, from `grant` if the last one has ended.
+    pub(crate) async fn get<F>(&self, config: &ElectionConfig, grant: F) -> Result<Arc<L>>
+    where
+        F: Future<Output = Result<L>>,
+    {
+        let key = LeaseKey::of(config);
+        let mut leases = self.leases.lock().await;
+        if let Some(lease) = leases.get(&key) {
+            if lease.handle().is_live() {
+                return Ok(lease.clone());
+            }
+        }
+        let lease = Arc::new(grant.await?);
+        leases.insert(key, lease.clone());
+        Ok(lease)
+    }
+
+    /// A candidacy is done with `lease`: if no other candidacy uses it, forget it, so that it
+    /// is revoked (when its last reference goes) rather than renewed for nobody.
+    pub(crate) async fn release(&self, lease: Arc<L>) {
+        let mut leases = self.leases.lock().await;
+        // Ours and the map's: no other candidacy holds it, and none can take it while we hold
+        // the lock (`get` hands out clones under it).
+        if Arc::strong_count(&lease) == 2 {
+            leases.retain(|_, held| !Arc::ptr_eq(held, &lease));
+        }
+    }
+
+    /// Stops renewing `lease` (it expires at the server, taking its entries with it) and
+    /// forgets it, for when an entry under it could not be deleted: an entry left behind on a
+    /// lease that is still renewed would block its election for as long as this process lives.
+    pub(crate) async fn abandon(&self, lease: &Arc<L>) {
+        let mut leases = self.leases.lock().await;
+        leases.retain(|_, held| !Arc::ptr_eq(held, lease));
+        // Not a revoke: that would delete other elections' entries at once, while their
+        // holders may still be acting. Letting it lapse ends every holder at its local
+        // deadline first.
+        lease.handle().stop_renewing();
+    }
+
+    /// Revokes every lease: all leaderships and candidacies under them end at the server.
+    pub(crate) async fn close(&self) {
+        let leases: Vec<_> = self.leases.lock().await.drain().collect();
+        for (_, lease) in leases {
+            // Holders see the lease over before it is revoked at the server, so no leadership
+            // under it outlives its entry.
+            lease.handle().revoke().await;
+        }
+    }
+}
+
 /// The highest token elected per election through one backend: a new entry at or below it
 /// means the backend's history went backwards (restored from a backup, or wiped).
 #[derive(Debug, Default)]

@@ -26,6 +26,7 @@ mod error;
 mod etcd;
 mod fenced;
 mod health;
+mod memory;
 pub mod metrics;
 mod runner;
 mod session;
@@ -43,6 +44,7 @@ pub use election::{
 pub use error::{Error, Result};
 pub use fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
 pub use health::LeaseHealth;
+pub use memory::MemoryStore;
 pub use runner::{Runner, Stopped};
 pub use stats::StatsSnapshot;
 

@@ -1,4 +1,4 @@
-//! Backend URLs: `etcd://host:port[,host:port]/prefix`.
+//! Backend URLs: `etcd://host:port[,host:port]/prefix`, `memory://NAME`.
 
 use crate::error::{Error, Result};
 
@@ -32,6 +32,11 @@ pub enum BackendUrl {
         /// Key prefix, starting with `/` and without a trailing one.
         prefix: String,
     },
+    /// The in-memory store of this process called `name` (see [`crate::MemoryStore`]).
+    Memory {
+        /// The store's name.
+        name: String,
+    },
 }
 
 impl BackendUrl {
@@ -48,14 +53,25 @@ impl BackendUrl {
         };
         match scheme {
             "etcd" => {}
+            "memory" => {
+                let name = rest.trim_end_matches('/');
+                if name.is_empty() || name.contains('/') || name.chars().any(char::is_control) {
+                    return Err(invalid(
+                        "expected memory://NAME, a name without '/' or control characters",
+                    ));
+                }
+                return Ok(BackendUrl::Memory {
+                    name: name.to_string(),
+                });
+            }
             "zk" | "zookeeper" | "postgres" | "postgresql" => {
                 return Err(invalid(&format!(
-                    "the {scheme} backend is not available in this build (supported: etcd)"
+                    "the {scheme} backend is not available in this build (supported: etcd, memory)"
                 )))
             }
             _ => {
                 return Err(invalid(&format!(
-                    "unknown scheme {scheme:?} (supported: etcd)"
+                    "unknown scheme {scheme:?} (supported: etcd, memory)"
                 )))
             }
         }
@@ -121,6 +137,16 @@ mod tests {
     }
 
     #[test]
+    fn parses_memory_names() {
+        assert_eq!(
+            BackendUrl::parse("memory://tests-1").unwrap(),
+            BackendUrl::Memory {
+                name: "tests-1".into()
+            }
+        );
+    }
+
+    #[test]
     fn the_marker_is_only_reserved_as_a_whole_segment() {
         assert!(BackendUrl::parse("etcd://h:1/a/@candidatesx").is_ok());
         assert!(BackendUrl::parse("etcd://h:1/a/x@candidates").is_ok());
@@ -139,6 +165,8 @@ mod tests {
             ("etcd://h:1/a//b", "empty segments"),
             ("etcd://h:1/@candidates", "reserved"),
             ("etcd://h:1/a/@candidates/b/", "reserved"),
+            ("memory://", "expected memory://NAME"),
+            ("memory://a/b", "expected memory://NAME"),
         ] {
             let message = BackendUrl::parse(url).unwrap_err().to_string();
             assert!(message.contains(needle), "{url}: {message}");

@@ -1,11 +1,55 @@
 //! The conformance suite against a real etcd (started by `scripts/test`).
 
+#[macro_use]
 mod conformance;
 mod etcd_support;
 
 use baton::{Backend, Election, Error};
 use conformance::*;
 use etcd_support::{delete_leader_key, etcd, url};
+
+/// The shared etcd that `scripts/test` started.
+struct EtcdUnderTest;
+
+impl conformance::BackendUnderTest for EtcdUnderTest {
+    type Rewindable = PrivateEtcd;
+
+    fn url(&self) -> String {
+        url()
+    }
+
+    async fn delete_leader_entry(&self, election: &str) {
+        delete_leader_key(election).await
+    }
+
+    async fn delete_all_entries(&self, election: &str) -> u64 {
+        delete_all_keys(election).await
+    }
+
+    async fn rewindable(&self) -> PrivateEtcd {
+        let etcd = PrivateEtcd::start().await;
+        // Raise the revision well above what the fresh server will reach in a test.
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        for i in 0..100 {
+            client.put("/filler", i.to_string(), None).await.unwrap();
+        }
+        etcd
+    }
+}
+
+impl conformance::Rewindable for PrivateEtcd {
+    fn url(&self) -> String {
+        format!("etcd://{}/baton-test", self.endpoint())
+    }
+
+    async fn rewind(&mut self) {
+        self.wipe().await
+    }
+}
+
+conformance_suite!(EtcdUnderTest);
 
 /// Deletes every candidate key of `election` in one revision (one `DeleteRange`), as
 /// `etcdctl del --prefix` would; returns that revision.
@@ -105,90 +149,6 @@ impl Drop for PrivateEtcd {
 }
 
 #[tokio::test]
-async fn single_candidate_leads_and_resigns() {
-    check_single_candidate_leads_and_resigns(&url()).await;
-}
-
-#[tokio::test]
-async fn tokens_strictly_increase() {
-    check_tokens_strictly_increase(&url()).await;
-}
-
-#[tokio::test]
-async fn waiter_takes_over_on_resign() {
-    check_waiter_takes_over_on_resign(&url()).await;
-}
-
-#[tokio::test]
-async fn own_key_deleted_is_reported() {
-    check_own_key_deleted_is_reported(&url(), delete_leader_key).await;
-}
-
-#[tokio::test]
-async fn lease_revoked_is_reported() {
-    check_lease_revoked_is_reported(&url()).await;
-}
-
-#[tokio::test]
-async fn observe_reports_every_change() {
-    check_observe_reports_every_change(&url()).await;
-}
-
-#[tokio::test]
-async fn guarded_put_is_fenced() {
-    check_guarded_put_is_fenced(&url()).await;
-}
-
-#[tokio::test]
-async fn dropping_leadership_resigns() {
-    check_dropping_leadership_resigns(&url()).await;
-}
-
-#[tokio::test]
-async fn requeue_campaigns_again() {
-    check_requeue_campaigns_again(&url(), delete_leader_key).await;
-}
-
-#[tokio::test]
-async fn bad_input_is_rejected() {
-    check_bad_input_is_rejected(&url()).await;
-}
-
-#[tokio::test]
-async fn many_elections_share_one_lease() {
-    check_many_elections_share_one_lease(&url()).await;
-}
-
-#[tokio::test]
-async fn one_resign_wakes_exactly_one_of_50_waiters() {
-    check_one_resign_wakes_exactly_one_waiter(&url(), 50).await;
-}
-
-#[tokio::test]
-async fn own_and_predecessor_deleted_at_once_never_elects_the_waiter() {
-    check_own_and_predecessor_deleted_at_once(&url(), delete_all_keys, 50).await;
-}
-
-#[tokio::test]
-async fn tokens_going_backwards_end_the_candidacy() {
-    let mut etcd = PrivateEtcd::start().await;
-    // Raise the revision well above what the fresh server will reach in this test.
-    let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
-        .await
-        .unwrap();
-    for i in 0..100 {
-        client.put("/filler", i.to_string(), None).await.unwrap();
-    }
-    let url = format!("etcd://{}/baton-test", etcd.endpoint());
-    check_tokens_going_backwards_end_the_candidacy(&url, async || etcd.wipe().await).await;
-}
-
-#[tokio::test]
-async fn no_renewals_once_every_candidacy_ended() {
-    check_no_renewals_once_every_candidacy_ended(&url()).await;
-}
-
-#[tokio::test]
 async fn nested_prefixes_are_independent() {
     check_nested_prefixes_are_independent(&url()).await;
 }
@@ -225,26 +185,6 @@ async fn unreachable_server_is_a_clear_error() {
         message.starts_with("cannot reach etcd at 127.0.0.1:1"),
         "{message}"
     );
-}
-
-#[tokio::test]
-async fn abandoned_campaign_leaves_the_queue() {
-    check_abandoned_campaign_leaves_the_queue(&url()).await;
-}
-
-#[tokio::test]
-async fn requeue_resigning_a_term_campaigns_again() {
-    check_requeue_resigning_a_term_campaigns_again(&url()).await;
-}
-
-#[tokio::test]
-async fn requeue_never_spins() {
-    check_requeue_never_spins(&url()).await;
-}
-
-#[tokio::test]
-async fn fenced_operations() {
-    check_fenced_operations(&url()).await;
 }
 
 /// A fenced operation never hangs on a stalled server: with etcd frozen (SIGSTOP) it returns
@@ -339,19 +279,4 @@ async fn refused_connection_during_a_campaign_is_unreachable() {
             .any(|cause| message.contains(cause)),
         "{message}"
     );
-}
-
-#[tokio::test]
-async fn leader_value_participants_and_campaign_timeout() {
-    check_leader_value_participants_and_campaign_timeout(&url()).await;
-}
-
-#[tokio::test]
-async fn duplicate_ids_are_refused() {
-    check_duplicate_ids_are_refused(&url()).await;
-}
-
-#[tokio::test]
-async fn runner_callbacks() {
-    check_runner_callbacks(&url(), delete_leader_key).await;
 }

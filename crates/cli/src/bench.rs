@@ -232,6 +232,7 @@ impl Runner {
                 let script = format!("echo {round} > '{}'; exec sleep 100000", fifo.display());
                 let endpoints = match baton::BackendUrl::parse(url)? {
                     baton::BackendUrl::Etcd { endpoints, .. } => endpoints.join(","),
+                    other => anyhow::bail!("etcdctl lock needs an etcd backend, not {other:?}"),
                 };
                 Command::new("etcdctl")
                     .env("ETCDCTL_API", "3")
@@ -333,7 +334,7 @@ async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyho
         return Err(UsageError("--rounds must be at least 1".into()).into());
     }
     // Fail fast, with the usual message, if the backend is unreachable.
-    Backend::connect(&args.common.backend).await?;
+    crate::connect(&args.common.backend).await?;
     let dir = std::env::temp_dir().join(unique("fifos"));
     std::fs::create_dir_all(&dir)?;
     let election = unique(if signal == libc::SIGKILL {
@@ -417,13 +418,13 @@ async fn herd(args: HerdArgs) -> anyhow::Result<()> {
     let name = unique("herd");
     let (tx, mut elected) = tokio::sync::mpsc::channel(args.waiters + 1);
     let mut backends = Vec::new();
-    let first = Backend::connect(&args.common.backend).await?;
+    let first = crate::connect(&args.common.backend).await?;
     let mut current = Election::new(&first, &name, config.clone())?
         .campaign("leader")
         .await?;
     backends.push(first);
     for i in 0..args.waiters {
-        let backend = Backend::connect(&args.common.backend).await?;
+        let backend = crate::connect(&args.common.backend).await?;
         let election = Election::new(&backend, &name, config.clone())?;
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -514,7 +515,7 @@ async fn elections(args: ElectionsArgs) -> anyhow::Result<()> {
         })?;
     let config = ElectionConfig::default().with_ttl(Duration::from_secs(2));
     for count in counts {
-        let backend = Backend::connect(&args.common.backend).await?;
+        let backend = crate::connect(&args.common.backend).await?;
         let mut held = Vec::with_capacity(count);
         let started = Instant::now();
         for i in 0..count {
@@ -543,7 +544,7 @@ async fn elections(args: ElectionsArgs) -> anyhow::Result<()> {
 }
 
 async fn rss(args: Common) -> anyhow::Result<()> {
-    Backend::connect(&args.backend).await?;
+    crate::connect(&args.backend).await?;
     let dir = std::env::temp_dir().join(unique("rss"));
     std::fs::create_dir_all(&dir)?;
     let election = unique("rss");

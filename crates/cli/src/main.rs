@@ -248,9 +248,22 @@ pub async fn open_election(
     election: &str,
     config: ElectionConfig,
 ) -> anyhow::Result<(Backend, Election)> {
-    let backend = Backend::connect(backend_url).await?;
+    let backend = connect(backend_url).await?;
     let election = Election::new(&backend, election, config)?;
     Ok((backend, election))
+}
+
+/// Connects to a backend that other processes can share: `memory://` lives inside one
+/// process, so every command refuses it (it is for the library's tests).
+pub async fn connect(backend_url: &str) -> anyhow::Result<Backend> {
+    if let Ok(baton::BackendUrl::Memory { .. }) = baton::BackendUrl::parse(backend_url) {
+        return Err(UsageError(format!(
+            "invalid backend URL {backend_url:?}: memory:// is a store inside one process (for \
+             the library's tests); the baton command needs a shared backend such as etcd://"
+        ))
+        .into());
+    }
+    Ok(Backend::connect(backend_url).await?)
 }
 
 /// The config used only to look at an election (validated, never campaigned with).

@@ -273,6 +273,10 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         "run --backend URL --election @candidates -- true",
         "run --backend URL/@ids --election e -- true",
         "run --backend URL --election e --containment jail -- true",
+        "run --backend URL --election e --pid-namespace maybe -- true",
+        "run --backend memory://x --election e -- true",
+        "leader --backend memory://x --election e",
+        "bench herd --backend memory://x",
     ];
     let url = url();
     for case in cases {

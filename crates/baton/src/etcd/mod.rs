@@ -11,7 +11,7 @@ mod lease;
 mod queue;
 mod watch_hub;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,14 +20,14 @@ use baton_core::ElectionConfig;
 use etcd_client::{
     Client, ConnectOptions, EventType, GetOptions, SortOrder, SortTarget, WatchOptions,
 };
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::mpsc;
 
 use self::fence::EtcdFencer;
 use self::lease::EtcdLeaseTransport;
 use self::watch_hub::WatchHub;
 use crate::backend::{BoxFuture, Connection};
 use crate::clock::Clock;
-use crate::driver::TokenMemory;
+use crate::driver::{LeasePool, TokenMemory};
 use crate::election::{CandidateSpec, Command, LeaderInfo, Leadership, Observed};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedTxn, FencedTxnResponse};
@@ -131,26 +131,6 @@ async fn timed<T>(
 /// key goes with the lease anyway).
 const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Lease settings that must match for two elections to share a lease.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct LeaseKey {
-    ttl: Duration,
-    renew: Duration,
-    drift_ppm: u32,
-    margin: Duration,
-}
-
-impl LeaseKey {
-    fn of(config: &ElectionConfig) -> LeaseKey {
-        LeaseKey {
-            ttl: config.ttl,
-            renew: config.renew_interval(),
-            drift_ppm: config.max_drift_ppm,
-            margin: config.safety_margin,
-        }
-    }
-}
-
 /// One granted lease, shared by every candidate with the same settings.
 #[derive(Debug)]
 pub(crate) struct EtcdLease {
@@ -162,7 +142,7 @@ pub(crate) struct EtcdBackend {
     client: Client,
     prefix: String,
     clock: Clock,
-    leases: Mutex<HashMap<LeaseKey, Arc<EtcdLease>>>,
+    leases: LeasePool<EtcdLease>,
     next_candidate: AtomicU64,
     /// The highest token seen elected per election, across this backend's candidacies: a new
     /// entry at or below it means etcd's revision went backwards (restored or wiped). One
@@ -220,7 +200,7 @@ impl EtcdBackend {
             client,
             prefix,
             clock: Clock::new(),
-            leases: Mutex::new(HashMap::new()),
+            leases: LeasePool::default(),
             next_candidate: AtomicU64::new(0),
             tokens: TokenMemory::default(),
             stats,
@@ -244,59 +224,22 @@ impl EtcdBackend {
 
     /// A live lease with these settings, granting a new one if the last has expired.
     async fn lease(&self, config: &ElectionConfig) -> Result<Arc<EtcdLease>> {
-        let key = LeaseKey::of(config);
-        let mut leases = self.leases.lock().await;
-        if let Some(lease) = leases.get(&key) {
-            if lease.handle.is_live() {
-                return Ok(lease.clone());
-            }
-        }
-        let mut transport = EtcdLeaseTransport {
-            client: self.client.clone(),
-            id: 0,
-            stream: None,
-            stats: self.stats.clone(),
-            on_grant: None,
-            gone: false,
-        };
-        let (id_tx, id_rx) = tokio::sync::oneshot::channel();
-        transport.on_grant = Some(id_tx);
-        let handle = start_lease(transport, config.clone(), self.clock.clone()).await?;
-        let id = id_rx.await.map_err(|_| Error::Closed)?;
-        let lease = Arc::new(EtcdLease { id, handle });
-        leases.insert(key, lease.clone());
-        Ok(lease)
-    }
-
-    /// A candidacy is done with `lease`: if no other candidacy uses it, forget it, so that it
-    /// is revoked (when its last reference goes) rather than renewed for nobody.
-    async fn release_lease(&self, lease: Arc<EtcdLease>) {
-        let mut leases = self.leases.lock().await;
-        // Ours and the map's: no other candidacy holds it, and none can take it while we hold
-        // the lock (`lease` hands out clones under it).
-        if Arc::strong_count(&lease) == 2 {
-            leases.retain(|_, held| !Arc::ptr_eq(held, &lease));
-        }
-    }
-
-    pub(crate) async fn close(&self) {
-        let leases: Vec<_> = self.leases.lock().await.drain().collect();
-        for (_, lease) in leases {
-            // Holders see the lease over before it is revoked at the server, so no leadership
-            // under it outlives its key.
-            lease.handle.revoke().await;
-        }
-    }
-
-    /// Stops renewing `lease` (it expires at the server, taking its keys with it) and forgets
-    /// it, for when a key under it could not be deleted: a key left behind on a lease that is
-    /// still renewed would block its election for as long as this process lives.
-    async fn abandon_lease(&self, lease: &Arc<EtcdLease>) {
-        let mut leases = self.leases.lock().await;
-        leases.retain(|_, held| !Arc::ptr_eq(held, lease));
-        // Not a revoke: that would delete other elections' keys at once, while their holders
-        // may still be acting. Letting it lapse ends every holder at its local deadline first.
-        lease.handle.stop_renewing();
+        self.leases
+            .get(config, async {
+                let (id_tx, id_rx) = tokio::sync::oneshot::channel();
+                let transport = EtcdLeaseTransport {
+                    client: self.client.clone(),
+                    id: 0,
+                    stream: None,
+                    stats: self.stats.clone(),
+                    on_grant: Some(id_tx),
+                    gone: false,
+                };
+                let handle = start_lease(transport, config.clone(), self.clock.clone()).await?;
+                let id = id_rx.await.map_err(|_| Error::Closed)?;
+                Ok(EtcdLease { id, handle })
+            })
+            .await
     }
 
     pub(crate) async fn leader(&self, election: &str) -> Result<Option<LeaderInfo>> {
@@ -605,7 +548,7 @@ impl Connection for EtcdBackend {
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(EtcdBackend::close(self))
+        Box::pin(self.leases.close())
     }
 
     fn spawn_candidate(

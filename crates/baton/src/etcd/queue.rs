@@ -88,11 +88,11 @@ impl Queue for EtcdBackend {
     }
 
     async fn release_lease(&self, lease: Arc<EtcdLease>) {
-        EtcdBackend::release_lease(self, lease).await
+        self.leases.release(lease).await
     }
 
     async fn abandon_lease(&self, lease: &Arc<EtcdLease>) {
-        EtcdBackend::abandon_lease(self, lease).await
+        self.leases.abandon(lease).await
     }
 
     fn entry_name(&self, entrant: &EtcdEntrant, lease: &EtcdLease) -> Vec<u8> {

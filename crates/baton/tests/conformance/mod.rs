@@ -1,12 +1,196 @@
 //! The conformance suite: the same tests against every backend.
 //!
-//! A backend's test file calls [`url`]-style setup and then each `check_*` function with a
-//! fresh election name. Every check asserts observable behaviour through the public API only,
-//! so ZooKeeper, PostgreSQL and `baton server` run exactly these.
+//! A backend's test file implements [`BackendUnderTest`] (a URL, and the few things done behind
+//! baton's back) and instantiates the whole suite in one line:
+//!
+//! ```ignore
+//! #[macro_use]
+//! mod conformance;
+//! conformance_suite!(MyBackendUnderTest::new());
+//! ```
+//!
+//! Every check asserts observable behaviour through the public API only, so each backend runs
+//! exactly these.
 
 use std::time::Duration;
 
 use baton::{Backend, Election, ElectionConfig, Error, LeaderInfo, LossReason, Observed};
+
+/// What the suite needs of a backend beyond its URL: the things an operator or a fault does
+/// behind baton's back.
+#[allow(async_fn_in_trait)]
+pub trait BackendUnderTest {
+    /// A backend whose history can be rewound.
+    type Rewindable: Rewindable;
+
+    /// The URL of the backend under test.
+    fn url(&self) -> String;
+
+    /// Deletes the leader's entry of `election`, as an operator would.
+    async fn delete_leader_entry(&self, election: &str);
+
+    /// Deletes every entry of `election` in one step; returns the backend's revision of it.
+    async fn delete_all_entries(&self, election: &str) -> u64;
+
+    /// A private instance of the backend, with some history already behind it.
+    async fn rewindable(&self) -> Self::Rewindable;
+}
+
+/// A private backend instance whose history can go backwards.
+#[allow(async_fn_in_trait)]
+pub trait Rewindable {
+    /// Its URL.
+    fn url(&self) -> String;
+    /// Restores it to an empty state (an older backup, or a wipe) at the same URL.
+    async fn rewind(&mut self);
+}
+
+/// Instantiates every check of the suite as a `#[tokio::test]` against `$backend`, an
+/// expression of a type that implements [`BackendUnderTest`].
+#[macro_export]
+macro_rules! conformance_suite {
+    ($backend:expr) => {
+        mod conformance_suite {
+            use super::*;
+            #[allow(unused_imports)]
+            use $crate::conformance::{BackendUnderTest as _, Rewindable as _};
+
+            #[tokio::test]
+            async fn single_candidate_leads_and_resigns() {
+                conformance::check_single_candidate_leads_and_resigns(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn tokens_strictly_increase() {
+                conformance::check_tokens_strictly_increase(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn waiter_takes_over_on_resign() {
+                conformance::check_waiter_takes_over_on_resign(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn own_entry_deleted_is_reported() {
+                let backend = $backend;
+                conformance::check_own_key_deleted_is_reported(&backend.url(), async |e: &str| {
+                    backend.delete_leader_entry(e).await
+                })
+                .await;
+            }
+
+            #[tokio::test]
+            async fn lease_revoked_is_reported() {
+                conformance::check_lease_revoked_is_reported(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn observe_reports_every_change() {
+                conformance::check_observe_reports_every_change(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn guarded_put_is_fenced() {
+                conformance::check_guarded_put_is_fenced(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn dropping_leadership_resigns() {
+                conformance::check_dropping_leadership_resigns(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn requeue_campaigns_again() {
+                let backend = $backend;
+                conformance::check_requeue_campaigns_again(&backend.url(), async |e: &str| {
+                    backend.delete_leader_entry(e).await
+                })
+                .await;
+            }
+
+            #[tokio::test]
+            async fn bad_input_is_rejected() {
+                conformance::check_bad_input_is_rejected(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn many_elections_share_one_lease() {
+                conformance::check_many_elections_share_one_lease(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn one_resign_wakes_exactly_one_of_50_waiters() {
+                conformance::check_one_resign_wakes_exactly_one_waiter(&$backend.url(), 50).await;
+            }
+
+            #[tokio::test]
+            async fn own_and_predecessor_deleted_at_once_never_elects_the_waiter() {
+                let backend = $backend;
+                conformance::check_own_and_predecessor_deleted_at_once(
+                    &backend.url(),
+                    async |e: &str| backend.delete_all_entries(e).await,
+                    50,
+                )
+                .await;
+            }
+
+            #[tokio::test]
+            async fn tokens_going_backwards_end_the_candidacy() {
+                let mut private = $backend.rewindable().await;
+                let url = private.url();
+                conformance::check_tokens_going_backwards_end_the_candidacy(&url, async || {
+                    private.rewind().await
+                })
+                .await;
+            }
+
+            #[tokio::test]
+            async fn no_renewals_once_every_candidacy_ended() {
+                conformance::check_no_renewals_once_every_candidacy_ended(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn abandoned_campaign_leaves_the_queue() {
+                conformance::check_abandoned_campaign_leaves_the_queue(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn requeue_resigning_a_term_campaigns_again() {
+                conformance::check_requeue_resigning_a_term_campaigns_again(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn requeue_never_spins() {
+                conformance::check_requeue_never_spins(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn fenced_operations() {
+                conformance::check_fenced_operations(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn leader_value_participants_and_campaign_timeout() {
+                conformance::check_leader_value_participants_and_campaign_timeout(&$backend.url())
+                    .await;
+            }
+
+            #[tokio::test]
+            async fn duplicate_ids_are_refused() {
+                conformance::check_duplicate_ids_are_refused(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn runner_callbacks() {
+                let backend = $backend;
+                conformance::check_runner_callbacks(&backend.url(), async |e: &str| {
+                    backend.delete_leader_entry(e).await
+                })
+                .await;
+            }
+        }
+    };
+}
 
 /// A short TTL keeps the expiry tests quick; etcd leases are whole seconds.
 pub fn config() -> ElectionConfig {
@@ -336,6 +520,7 @@ pub async fn check_requeue_resigning_a_term_campaigns_again(url: &str) {
 
 /// Backend prefix `P/x` with election `e`, and prefix `P` with election `x`: two elections
 /// whose names nest must never see each other's candidates.
+#[allow(dead_code)] // etcd's prefixes only
 pub async fn check_nested_prefixes_are_independent(url: &str) {
     let outer_name = unique("nest");
     let inner_url = format!("{}/{outer_name}", url.trim_end_matches('/'));

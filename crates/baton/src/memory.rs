@@ -1,0 +1,1011 @@
+//! The in-memory backend, `memory://NAME`: a coordination service inside this process.
+//!
+//! It keeps what the driver's [`Queue`] obligations ask of a server (a global revision, entries
+//! bound to leases that expire on their own, deletion watches that miss nothing) in one
+//! mutex-guarded state, on tokio's clock. So the candidate driver's every path runs against it
+//! under tokio's paused clock, with faults injected through [`MemoryStore`]: unreachable,
+//! replies lost after the change was made, entries deleted behind baton's back, history wiped.
+//! Every `Backend` connected to the same name in one process shares one store, for as long as
+//! any of them lives.
+//!
+//! It is also for users' own tests: campaign, lose, fence and observe without a server.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use baton_core::{BackendLimits, ElectionConfig};
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::time::Instant;
+
+use crate::backend::{BoxFuture, Connection, Fencer};
+use crate::clock::Clock;
+use crate::driver::{
+    EntryWatch, Fired, LeasePool, Located, Queue, QueueLease, ReadPoint, TokenMemory,
+};
+use crate::election::{CandidateSpec, Command, GuardContext, LeaderInfo, Leadership, Observed};
+use crate::error::{Error, Result};
+use crate::fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
+use crate::session::{start_lease, LeaseHandle, LeaseTransport};
+use crate::stats::Stats;
+
+/// What in-memory leases can be: from 10 ms, in whole milliseconds.
+pub(crate) const LIMITS: BackendLimits = BackendLimits {
+    min_ttl: Duration::from_millis(10),
+    max_ttl: Duration::from_secs(365 * 86_400),
+    ttl_step: Duration::from_millis(1),
+};
+
+/// How many deletions the store remembers for watches that start in the past (like etcd's
+/// history before compaction): a watch from further back is broken and the driver rechecks.
+const HISTORY: usize = 4096;
+
+/// The stores of this process by name; a store lives while a backend or handle holds it.
+static STORES: Mutex<BTreeMap<String, Weak<Store>>> = Mutex::new(BTreeMap::new());
+
+/// A candidate's entry: its election and its name there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct MemEntry {
+    election: String,
+    name: String,
+}
+
+struct Record {
+    name: String,
+    lease: i64,
+    value: String,
+}
+
+struct LeaseRecord {
+    ttl: Duration,
+    expires: Instant,
+}
+
+struct Deletion {
+    revision: u64,
+    entry: MemEntry,
+    position: u64,
+}
+
+struct Watcher {
+    entry: MemEntry,
+    fired: oneshot::Sender<Fired<MemEntry>>,
+}
+
+/// What an observer hears of its election: its leader after each change, in order.
+enum Seen {
+    Leader(Option<LeaderInfo>),
+    Unavailable,
+}
+
+#[derive(Default)]
+struct State {
+    revision: u64,
+    next_lease: i64,
+    leases: HashMap<i64, LeaseRecord>,
+    /// Per election, its entries by position.
+    elections: HashMap<String, BTreeMap<u64, Record>>,
+    /// Per (election, id), the name of the entry that holds the id.
+    ids: HashMap<(String, String), String>,
+    deletions: VecDeque<Deletion>,
+    /// Revisions at or below this are no longer in `deletions`.
+    forgotten: u64,
+    watchers: Vec<Watcher>,
+    observers: Vec<(String, mpsc::UnboundedSender<Seen>)>,
+    /// Data written through fenced transactions.
+    data: BTreeMap<String, Vec<u8>>,
+    unreachable: bool,
+    lose_replies: u32,
+}
+
+struct Store {
+    name: String,
+    state: Mutex<State>,
+    /// Wakes the expiry task when a lease's expiry may have moved earlier, or the store goes.
+    leases_changed: Arc<Notify>,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.leases_changed.notify_one();
+    }
+}
+
+impl Store {
+    /// The store called `name`, created (with its lease-expiry task) if none is alive.
+    fn open(name: &str) -> Arc<Store> {
+        let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(store) = stores.get(name).and_then(Weak::upgrade) {
+            return store;
+        }
+        stores.retain(|_, store| store.strong_count() > 0);
+        let store = Arc::new(Store {
+            name: name.to_string(),
+            state: Mutex::new(State::default()),
+            leases_changed: Arc::new(Notify::new()),
+        });
+        stores.insert(name.to_string(), Arc::downgrade(&store));
+        tokio::spawn(expire_leases(
+            Arc::downgrade(&store),
+            store.leases_changed.clone(),
+        ));
+        store
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state, if the store can be reached.
+    fn reach(&self, operation: &'static str) -> Result<std::sync::MutexGuard<'_, State>> {
+        let state = self.lock();
+        if state.unreachable {
+            crate::metrics::backend_error(operation);
+            return Err(self.unreachable(operation));
+        }
+        Ok(state)
+    }
+
+    fn unreachable(&self, operation: &'static str) -> Error {
+        Error::Unreachable {
+            backend: "memory",
+            endpoints: self.name.clone(),
+            detail: format!("the store is set unreachable (during {operation})"),
+        }
+    }
+}
+
+impl State {
+    /// Removes the entry at `position` of `election` (and the id entry naming it) in one new
+    /// revision, firing its watchers and telling observers.
+    fn delete(&mut self, election: &str, position: u64) -> bool {
+        let Some(record) = self
+            .elections
+            .get_mut(election)
+            .and_then(|entries| entries.remove(&position))
+        else {
+            return false;
+        };
+        self.revision += 1;
+        let entry = MemEntry {
+            election: election.to_string(),
+            name: record.name,
+        };
+        self.ids
+            .retain(|(e, _), name| !(e == election && *name == entry.name));
+        self.record_deletion(entry, position);
+        self.tell(election);
+        true
+    }
+
+    fn record_deletion(&mut self, entry: MemEntry, position: u64) {
+        let (fire, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.watchers)
+            .into_iter()
+            .partition(|w| w.entry == entry);
+        self.watchers = keep;
+        for watcher in fire {
+            let _ = watcher.fired.send(Fired::Deleted {
+                entry: entry.clone(),
+                revision: position,
+            });
+        }
+        self.deletions.push_back(Deletion {
+            revision: self.revision,
+            entry,
+            position,
+        });
+        while self.deletions.len() > HISTORY {
+            if let Some(old) = self.deletions.pop_front() {
+                self.forgotten = old.revision;
+            }
+        }
+    }
+
+    /// Ends lease `id` and deletes its entries, all in one revision (as etcd does).
+    fn end_lease(&mut self, id: i64) {
+        if self.leases.remove(&id).is_none() {
+            return;
+        }
+        let doomed: Vec<(String, u64)> = self
+            .elections
+            .iter()
+            .flat_map(|(election, entries)| {
+                entries
+                    .iter()
+                    .filter(|(_, record)| record.lease == id)
+                    .map(move |(position, _)| (election.clone(), *position))
+            })
+            .collect();
+        if doomed.is_empty() {
+            return;
+        }
+        self.revision += 1;
+        for (election, position) in doomed {
+            if let Some(record) = self
+                .elections
+                .get_mut(&election)
+                .and_then(|entries| entries.remove(&position))
+            {
+                let entry = MemEntry {
+                    election: election.clone(),
+                    name: record.name,
+                };
+                self.ids
+                    .retain(|(e, _), name| !(*e == election && *name == entry.name));
+                self.record_deletion(entry, position);
+                self.tell(&election);
+            }
+        }
+    }
+
+    /// Tells the observers of `election` its leader now (called after every change).
+    fn tell(&mut self, election: &str) {
+        let leader = self.leader(election);
+        self.observers
+            .retain(|(e, tx)| e != election || tx.send(Seen::Leader(leader.clone())).is_ok());
+    }
+
+    fn leader(&self, election: &str) -> Option<LeaderInfo> {
+        let (position, record) = self.elections.get(election)?.iter().next()?;
+        Some(describe(*position, record))
+    }
+
+    /// The entry of `election` at `position`, if it still exists.
+    fn record(&self, election: &str, position: u64) -> Option<&Record> {
+        self.elections.get(election)?.get(&position)
+    }
+
+    fn position_of(&self, entry: &MemEntry) -> Option<u64> {
+        self.elections
+            .get(&entry.election)?
+            .iter()
+            .find(|(_, record)| record.name == entry.name)
+            .map(|(position, _)| *position)
+    }
+
+    /// A reply the test asked to lose (the change was made): true once per loss asked for.
+    fn lose_reply(&mut self) -> bool {
+        if self.lose_replies > 0 {
+            self.lose_replies -= 1;
+            return true;
+        }
+        false
+    }
+}
+
+/// The store's server side of leases: ends each at its expiry, on tokio's clock.
+async fn expire_leases(store: Weak<Store>, wake: Arc<Notify>) {
+    loop {
+        let Some(strong) = store.upgrade() else {
+            return;
+        };
+        let next = {
+            let mut state = strong.lock();
+            let now = Instant::now();
+            let expired: Vec<i64> = state
+                .leases
+                .iter()
+                .filter(|(_, lease)| lease.expires <= now)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in expired {
+                state.end_lease(id);
+            }
+            state.leases.values().map(|lease| lease.expires).min()
+        };
+        // Not holding the store while waiting, so it can go away (its drop wakes us).
+        drop(strong);
+        match next {
+            Some(until) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => {}
+                    _ = wake.notified() => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
+}
+
+fn describe(position: u64, record: &Record) -> LeaderInfo {
+    let (id, value) = match record.value.split_once('\n') {
+        Some((id, value)) => (id.to_string(), Some(value.to_string())),
+        None => (record.value.clone(), None),
+    };
+    LeaderInfo {
+        id,
+        token: position,
+        value,
+    }
+}
+
+/// A handle on the store `memory://NAME`, for tests: inject faults and change the state behind
+/// the backends' backs.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
+/// use baton::{Backend, Election, ElectionConfig, MemoryStore};
+///
+/// let backend = Backend::connect("memory://doc-example").await?;
+/// let election = Election::new(&backend, "cron", ElectionConfig::default())?;
+/// let leadership = election.campaign("a").await?;
+/// // The leader's entry is deleted behind its back (an operator's `del`):
+/// MemoryStore::open("doc-example").delete_leader("cron");
+/// let reason = leadership.lost().await;
+/// assert_eq!(reason, baton::LossReason::KeyDeleted);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    store: Arc<Store>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("name", &self.store.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    /// The store of `memory://NAME` (created if no backend holds it yet). Must be called
+    /// inside a tokio runtime.
+    pub fn open(name: &str) -> MemoryStore {
+        MemoryStore {
+            store: Store::open(name),
+        }
+    }
+
+    /// Makes every request fail as unreachable (`true`) or answer again (`false`). Leases keep
+    /// expiring meanwhile, as at a real server that a partition cuts off.
+    pub fn set_unreachable(&self, unreachable: bool) {
+        let mut state = self.store.lock();
+        state.unreachable = unreachable;
+        let seen: Vec<Seen> = state
+            .observers
+            .iter()
+            .map(|(election, _)| {
+                if unreachable {
+                    Seen::Unavailable
+                } else {
+                    Seen::Leader(state.leader(election))
+                }
+            })
+            .collect();
+        let mut seen = seen.into_iter();
+        state
+            .observers
+            .retain(|(_, tx)| seen.next().is_some_and(|s| tx.send(s).is_ok()));
+    }
+
+    /// Makes the next `count` changing requests take effect but fail as if their reply was
+    /// lost on the way back.
+    pub fn lose_replies(&self, count: u32) {
+        self.store.lock().lose_replies = count;
+    }
+
+    /// Deletes the leader's entry of `election` behind its back; returns whether there was one.
+    pub fn delete_leader(&self, election: &str) -> bool {
+        let mut state = self.store.lock();
+        let first = state
+            .elections
+            .get(election)
+            .and_then(|entries| entries.keys().next().copied());
+        first.is_some_and(|position| state.delete(election, position))
+    }
+
+    /// Deletes every entry of `election` in one revision (as `etcdctl del --prefix` would).
+    pub fn delete_all(&self, election: &str) -> usize {
+        let mut state = self.store.lock();
+        let positions: Vec<u64> = state
+            .elections
+            .get(election)
+            .map(|entries| entries.keys().copied().collect())
+            .unwrap_or_default();
+        if positions.is_empty() {
+            return 0;
+        }
+        state.revision += 1;
+        for &position in &positions {
+            if let Some(record) = state
+                .elections
+                .get_mut(election)
+                .and_then(|entries| entries.remove(&position))
+            {
+                let entry = MemEntry {
+                    election: election.to_string(),
+                    name: record.name,
+                };
+                state
+                    .ids
+                    .retain(|(e, _), name| !(e == election && *name == entry.name));
+                state.record_deletion(entry, position);
+            }
+        }
+        state.tell(election);
+        positions.len()
+    }
+
+    /// Ends every lease now, as if their TTLs had run out.
+    pub fn expire_leases(&self) {
+        let mut state = self.store.lock();
+        let ids: Vec<i64> = state.leases.keys().copied().collect();
+        for id in ids {
+            state.end_lease(id);
+        }
+    }
+
+    /// Wipes the store back to revision zero (a server restored from an empty backup): every
+    /// entry, lease and fenced value is gone and positions start again from the bottom.
+    pub fn wipe(&self) {
+        let mut state = self.store.lock();
+        let observers = std::mem::take(&mut state.observers);
+        let watchers = std::mem::take(&mut state.watchers);
+        *state = State {
+            observers,
+            ..State::default()
+        };
+        for watcher in watchers {
+            let _ = watcher.fired.send(Fired::Broken);
+        }
+        let elections: Vec<String> = state.observers.iter().map(|(e, _)| e.clone()).collect();
+        for election in elections {
+            state.tell(&election);
+        }
+    }
+
+    /// The store's current revision: one per change.
+    pub fn revision(&self) -> u64 {
+        self.store.lock().revision
+    }
+
+    /// The value a fenced transaction wrote at `key`.
+    pub fn value(&self, key: &str) -> Option<Vec<u8>> {
+        self.store.lock().data.get(key).cloned()
+    }
+}
+
+/// A connection to an in-memory store.
+pub(crate) struct MemoryBackend {
+    store: Arc<Store>,
+    clock: Clock,
+    leases: LeasePool<MemLease>,
+    tokens: TokenMemory,
+    stats: Arc<Stats>,
+    next_candidate: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("store", &self.store.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryBackend {
+    pub(crate) fn connect(name: &str) -> Result<MemoryBackend> {
+        let store = Store::open(name);
+        if store.lock().unreachable {
+            return Err(store.unreachable("connect"));
+        }
+        Ok(MemoryBackend {
+            store,
+            clock: Clock::new(),
+            leases: LeasePool::default(),
+            tokens: TokenMemory::default(),
+            stats: Arc::new(Stats::default()),
+            next_candidate: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    fn fenced(&self, election: &str, token: u64, txn: &FencedTxn) -> Result<FencedTxnResponse> {
+        run_fenced(&self.store, &self.stats, election, token, txn)
+    }
+}
+
+/// One lease of the in-memory store.
+#[derive(Debug)]
+pub(crate) struct MemLease {
+    id: i64,
+    handle: LeaseHandle,
+}
+
+impl QueueLease for MemLease {
+    fn handle(&self) -> &LeaseHandle {
+        &self.handle
+    }
+}
+
+/// Grants and renewals: answered at once by the store (renewals queue their answers).
+struct MemLeaseTransport {
+    store: Arc<Store>,
+    stats: Arc<Stats>,
+    id: i64,
+    answers: VecDeque<Duration>,
+    on_grant: Option<oneshot::Sender<i64>>,
+}
+
+impl LeaseTransport for MemLeaseTransport {
+    async fn grant(&mut self, ttl: Duration) -> Result<Duration> {
+        self.stats.request();
+        let mut state = self.store.reach("lease grant")?;
+        state.next_lease += 1;
+        self.id = state.next_lease;
+        state.leases.insert(
+            self.id,
+            LeaseRecord {
+                ttl,
+                expires: Instant::now() + ttl,
+            },
+        );
+        drop(state);
+        self.store.leases_changed.notify_one();
+        if let Some(tx) = self.on_grant.take() {
+            let _ = tx.send(self.id);
+        }
+        Ok(ttl)
+    }
+
+    async fn send_renewal(&mut self) -> Result<()> {
+        self.stats
+            .renewals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut state = self.store.reach("lease keepalive")?;
+        let answer = match state.leases.get_mut(&self.id) {
+            Some(lease) => {
+                lease.expires = Instant::now() + lease.ttl;
+                lease.ttl
+            }
+            None => Duration::ZERO,
+        };
+        self.answers.push_back(answer);
+        Ok(())
+    }
+
+    async fn next_renewal(&mut self) -> Result<Duration> {
+        match self.answers.pop_front() {
+            Some(answer) => Ok(answer),
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn revoke(&mut self) -> Result<()> {
+        self.stats.request();
+        let mut state = self.store.reach("lease revoke")?;
+        state.end_lease(self.id);
+        Ok(())
+    }
+}
+
+/// One candidacy's place in the store.
+pub(crate) struct MemEntrant {
+    election: String,
+    id: String,
+    serial: u64,
+    value: String,
+}
+
+/// A deletion watch: fired by the store.
+pub(crate) struct MemWatch {
+    receiver: Option<oneshot::Receiver<Fired<MemEntry>>>,
+    /// The watching backend's counters: a deletion it hears of is a watch event.
+    stats: Arc<Stats>,
+}
+
+impl EntryWatch<MemEntry> for MemWatch {
+    async fn fired(&mut self) -> Fired<MemEntry> {
+        let Some(receiver) = self.receiver.as_mut() else {
+            return std::future::pending().await;
+        };
+        let fired = receiver.await.unwrap_or(Fired::Broken);
+        self.receiver = None;
+        if matches!(fired, Fired::Deleted { .. }) {
+            self.stats
+                .watch_events
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        fired
+    }
+}
+
+impl Queue for MemoryBackend {
+    type Lease = MemLease;
+    type Entry = MemEntry;
+    type Entrant = MemEntrant;
+    type Watch = MemWatch;
+
+    fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    fn tokens(&self) -> &TokenMemory {
+        &self.tokens
+    }
+
+    fn entrant(&self, spec: &CandidateSpec, serial: u64) -> MemEntrant {
+        MemEntrant {
+            election: spec.election.clone(),
+            id: spec.id.clone(),
+            serial,
+            value: match &spec.value {
+                Some(value) => format!("{}\n{value}", spec.id),
+                None => spec.id.clone(),
+            },
+        }
+    }
+
+    async fn lease(&self, config: &ElectionConfig) -> Result<Arc<MemLease>> {
+        self.leases
+            .get(config, async {
+                let (id_tx, id_rx) = oneshot::channel();
+                let transport = MemLeaseTransport {
+                    store: self.store.clone(),
+                    stats: self.stats.clone(),
+                    id: 0,
+                    answers: VecDeque::new(),
+                    on_grant: Some(id_tx),
+                };
+                let handle = start_lease(transport, config.clone(), self.clock.clone()).await?;
+                let id = id_rx.await.map_err(|_| Error::Closed)?;
+                Ok(MemLease { id, handle })
+            })
+            .await
+    }
+
+    async fn release_lease(&self, lease: Arc<MemLease>) {
+        self.leases.release(lease).await
+    }
+
+    async fn abandon_lease(&self, lease: &Arc<MemLease>) {
+        self.leases.abandon(lease).await
+    }
+
+    fn entry_name(&self, entrant: &MemEntrant, lease: &MemLease) -> MemEntry {
+        MemEntry {
+            election: entrant.election.clone(),
+            name: format!("{:016x}-{}", lease.id, entrant.serial),
+        }
+    }
+
+    async fn create(
+        &self,
+        entrant: &MemEntrant,
+        entry: &MemEntry,
+        lease: &MemLease,
+    ) -> Result<u64> {
+        self.stats.request();
+        let mut state = self.store.reach("create candidate entry")?;
+        if !state.leases.contains_key(&lease.id) {
+            return Err(Error::Backend {
+                backend: "memory",
+                operation: "create candidate entry",
+                detail: "requested lease not found".into(),
+            });
+        }
+        if let Some(position) = state.position_of(entry) {
+            let record = state.record(&entry.election, position);
+            if record.is_some_and(|r| r.lease == lease.id) {
+                // An earlier attempt of ours whose reply was lost: adopt it.
+                return Ok(position);
+            }
+            return Err(Error::Backend {
+                backend: "memory",
+                operation: "create candidate entry",
+                detail: "the entry exists with another lease".into(),
+            });
+        }
+        let id_key = (entrant.election.clone(), entrant.id.clone());
+        if let Some(holder) = state.ids.get(&id_key) {
+            return Err(Error::DuplicateId {
+                election: entrant.election.clone(),
+                id: entrant.id.clone(),
+                entry: holder.clone(),
+            });
+        }
+        state.revision += 1;
+        let position = state.revision;
+        state
+            .elections
+            .entry(entrant.election.clone())
+            .or_default()
+            .insert(
+                position,
+                Record {
+                    name: entry.name.clone(),
+                    lease: lease.id,
+                    value: entrant.value.clone(),
+                },
+            );
+        state.ids.insert(id_key, entry.name.clone());
+        state.tell(&entrant.election);
+        if state.lose_reply() {
+            return Err(self.store.unreachable("create candidate entry"));
+        }
+        Ok(position)
+    }
+
+    async fn locate(
+        &self,
+        _entrant: &MemEntrant,
+        entry: &MemEntry,
+        position: u64,
+    ) -> Result<Located<MemEntry>> {
+        self.stats.request();
+        let state = self.store.reach("find predecessor")?;
+        let Some(entries) = state.elections.get(&entry.election) else {
+            return Ok(Located::Gone);
+        };
+        if entries.get(&position).is_none_or(|r| r.name != entry.name) {
+            return Ok(Located::Gone);
+        }
+        let ahead = entries.range(..position).next_back().map(|(p, record)| {
+            (
+                MemEntry {
+                    election: entry.election.clone(),
+                    name: record.name.clone(),
+                },
+                *p,
+            )
+        });
+        Ok(Located::Exists {
+            ahead,
+            at: state.revision,
+        })
+    }
+
+    async fn confirm(&self, entry: &MemEntry, position: u64) -> Result<Option<ReadPoint>> {
+        self.stats.request();
+        let state = self.store.reach("get own entry")?;
+        let exists = state
+            .record(&entry.election, position)
+            .is_some_and(|r| r.name == entry.name);
+        Ok(exists.then_some(state.revision))
+    }
+
+    async fn watch_deletion(&self, entry: &MemEntry, after: ReadPoint) -> Result<MemWatch> {
+        self.stats.request();
+        let mut state = self.store.reach("watch")?;
+        let (tx, receiver) = oneshot::channel();
+        if after < state.forgotten {
+            // History that far back is gone (as after a compaction): find out afresh.
+            let _ = tx.send(Fired::Broken);
+        } else if let Some(deletion) = state
+            .deletions
+            .iter()
+            .find(|d| d.revision > after && d.entry == *entry)
+        {
+            // Deleted after the read point, before the watch: replayed, not missed.
+            let _ = tx.send(Fired::Deleted {
+                entry: entry.clone(),
+                revision: deletion.position,
+            });
+        } else {
+            state.watchers.push(Watcher {
+                entry: entry.clone(),
+                fired: tx,
+            });
+        }
+        Ok(MemWatch {
+            receiver: Some(receiver),
+            stats: self.stats.clone(),
+        })
+    }
+
+    async fn delete(&self, _entrant: &MemEntrant, entry: &MemEntry, position: u64) -> Result<()> {
+        self.stats.request();
+        let mut state = self.store.reach("delete candidate entry")?;
+        if state
+            .record(&entry.election, position)
+            .is_some_and(|r| r.name == entry.name)
+        {
+            state.delete(&entry.election, position);
+        }
+        if state.lose_reply() {
+            return Err(self.store.unreachable("delete candidate entry"));
+        }
+        Ok(())
+    }
+
+    async fn delete_if_on_lease(
+        &self,
+        _entrant: &MemEntrant,
+        entry: &MemEntry,
+        lease: &MemLease,
+    ) -> Result<()> {
+        self.stats.request();
+        let mut state = self.store.reach("delete candidate entry")?;
+        if let Some(position) = state.position_of(entry) {
+            if state
+                .record(&entry.election, position)
+                .is_some_and(|r| r.lease == lease.id)
+            {
+                state.delete(&entry.election, position);
+            }
+        }
+        Ok(())
+    }
+
+    fn guard(&self, entry: &MemEntry, position: u64) -> GuardContext {
+        Arc::new(MemFencer {
+            store: self.store.clone(),
+            stats: self.stats.clone(),
+            election: entry.election.clone(),
+            position,
+        })
+    }
+}
+
+/// Fencing in the store: the transaction runs only while the entry at the token exists (if it
+/// exists it is the first: no entry can appear ahead of it).
+struct MemFencer {
+    store: Arc<Store>,
+    stats: Arc<Stats>,
+    election: String,
+    position: u64,
+}
+
+impl std::fmt::Debug for MemFencer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemFencer")
+            .field("election", &self.election)
+            .field("position", &self.position)
+            .finish()
+    }
+}
+
+impl Fencer for MemFencer {
+    fn run<'a>(
+        &'a self,
+        election: &'a str,
+        token: u64,
+        txn: &'a FencedTxn,
+        _limit: Duration,
+    ) -> BoxFuture<'a, Result<FencedTxnResponse>> {
+        debug_assert_eq!((election, token), (self.election.as_str(), self.position));
+        Box::pin(async move { run_fenced(&self.store, &self.stats, election, token, txn) })
+    }
+}
+
+/// Runs `txn` only if the entry at position `token` of `election` exists, atomically.
+fn run_fenced(
+    store: &Store,
+    stats: &Stats,
+    election: &str,
+    token: u64,
+    txn: &FencedTxn,
+) -> Result<FencedTxnResponse> {
+    txn.validate()?;
+    stats.request();
+    let mut state = store.reach("fenced transaction")?;
+    if state.record(election, token).is_none() {
+        return Err(Error::Fenced {
+            election: election.to_string(),
+            token,
+        });
+    }
+    let succeeded = txn.compares.iter().all(|compare| match compare {
+        FencedCompare::Value { key, value } => state.data.get(key.as_str()) == value.as_ref(),
+    });
+    let branch = if succeeded { &txn.then } else { &txn.otherwise };
+    let mut values = Vec::new();
+    for op in branch {
+        match op {
+            FencedOp::Put { key, value } => {
+                state.data.insert(key.clone(), value.clone());
+            }
+            FencedOp::Delete { key } => {
+                state.data.remove(key.as_str());
+            }
+            FencedOp::Get { key } => values.push(state.data.get(key.as_str()).cloned()),
+        }
+    }
+    if branch.iter().any(|op| !matches!(op, FencedOp::Get { .. })) {
+        state.revision += 1;
+    }
+    Ok(FencedTxnResponse { succeeded, values })
+}
+
+impl Connection for MemoryBackend {
+    fn limits(&self) -> BackendLimits {
+        LIMITS
+    }
+
+    fn stats(&self) -> crate::StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.leases.close())
+    }
+
+    fn spawn_candidate(
+        self: Arc<Self>,
+        spec: CandidateSpec,
+        commands_rx: mpsc::Receiver<Command>,
+        commands: mpsc::Sender<Command>,
+        leaderships: mpsc::Sender<Box<Result<Leadership>>>,
+    ) {
+        let serial = self
+            .next_candidate
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::driver::spawn(self, spec, serial, commands_rx, commands, leaderships);
+    }
+
+    fn leader<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Option<LeaderInfo>>> {
+        Box::pin(async move {
+            self.stats.request();
+            Ok(self.store.reach("get leader")?.leader(election))
+        })
+    }
+
+    fn participants<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Vec<LeaderInfo>>> {
+        Box::pin(async move {
+            self.stats.request();
+            let state = self.store.reach("get candidates")?;
+            Ok(state
+                .elections
+                .get(election)
+                .map(|entries| {
+                    entries
+                        .iter()
+                        .map(|(position, record)| describe(*position, record))
+                        .collect()
+                })
+                .unwrap_or_default())
+        })
+    }
+
+    fn spawn_observer(
+        self: Arc<Self>,
+        election: String,
+        tx: mpsc::Sender<Observed>,
+    ) -> BoxFuture<'static, Result<()>> {
+        Box::pin(async move {
+            let (seen_tx, mut seen) = mpsc::unbounded_channel();
+            let first = {
+                let mut state = self.store.reach("watch")?;
+                state.observers.push((election.clone(), seen_tx));
+                state.leader(&election)
+            };
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                let mut last = Some(first.clone());
+                if tx.send(Observed::Leader(first)).await.is_err() {
+                    return;
+                }
+                while let Some(event) = seen.recv().await {
+                    let current = match event {
+                        Seen::Unavailable => {
+                            last = None;
+                            let reason = store.unreachable("watch").to_string();
+                            if tx.send(Observed::Unavailable { reason }).await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                        Seen::Leader(leader) => leader,
+                    };
+                    if last.as_ref() != Some(&current) {
+                        if tx.send(Observed::Leader(current.clone())).await.is_err() {
+                            return;
+                        }
+                        last = Some(current);
+                    }
+                }
+            });
+            Ok(())
+        })
+    }
+
+    fn fenced_txn<'a>(
+        &'a self,
+        election: &'a str,
+        token: u64,
+        txn: &'a FencedTxn,
+        _limit: Duration,
+    ) -> BoxFuture<'a, Result<FencedTxnResponse>> {
+        Box::pin(async move { self.fenced(election, token, txn) })
+    }
+}
