@@ -130,7 +130,8 @@ impl Backend {
     }
 
     /// Revokes every lease this backend holds: all its leaderships and candidacies end at the
-    /// server at once.
+    /// server at once. It is final: no candidacy campaigns again (with requeue neither), a
+    /// campaign or observer started afterwards fails with [`Error::Closed`], and observers end.
     pub async fn close(&self) {
         self.connection.close().await
     }

@@ -100,6 +100,10 @@ pub(crate) trait Queue: Send + Sync + 'static {
     /// The highest token this backend has seen elected per election.
     fn tokens(&self) -> &TokenMemory;
 
+    /// Whether the backend was closed ([`crate::Backend::close`]): then it grants no lease
+    /// any more, and a requeueing candidacy must not campaign again.
+    fn is_closed(&self) -> bool;
+
     /// The backend's view of a candidacy of `spec`; `serial` is unique within this backend.
     fn entrant(&self, spec: &CandidateSpec, serial: u64) -> Self::Entrant;
 
@@ -193,15 +197,35 @@ impl LeaseKey {
 
 /// The leases of one backend connection: one per distinct lease settings, shared by every
 /// candidacy with those settings, so one process holding many elections renews one lease.
+/// Closing it is final: no lease is granted afterwards.
 #[derive(Debug)]
 pub(crate) struct LeasePool<L> {
     leases: tokio::sync::Mutex<std::collections::HashMap<LeaseKey, Arc<L>>>,
+    /// Set by [`LeasePool::close`]: no lease is granted after it (a requeueing candidacy would
+    /// otherwise campaign again under a new one) and observers end.
+    closed: watch::Sender<bool>,
 }
 
 impl<L> Default for LeasePool<L> {
     fn default() -> Self {
         LeasePool {
             leases: tokio::sync::Mutex::new(std::collections::HashMap::new()),
+            closed: watch::Sender::new(false),
+        }
+    }
+}
+
+impl<L> LeasePool<L> {
+    /// Whether [`LeasePool::close`] was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+
+    /// Resolves once the pool is closed.
+    pub(crate) fn closing(&self) -> impl Future<Output = ()> + Send + use<L> {
+        let mut closed = self.closed.subscribe();
+        async move {
+            let _ = closed.wait_for(|closed| *closed).await;
         }
     }
 }
@@ -214,6 +238,9 @@ impl<L: QueueLease> LeasePool<L> {
     {
         let key = LeaseKey::of(config);
         let mut leases = self.leases.lock().await;
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
         if let Some(lease) = leases.get(&key) {
             if lease.handle().is_live() {
                 return Ok(lease.clone());
@@ -247,9 +274,15 @@ impl<L: QueueLease> LeasePool<L> {
         lease.handle().stop_renewing();
     }
 
-    /// Revokes every lease: all leaderships and candidacies under them end at the server.
+    /// Revokes every lease: all leaderships and candidacies under them end at the server. It
+    /// is final: no lease is granted afterwards.
     pub(crate) async fn close(&self) {
-        let leases: Vec<_> = self.leases.lock().await.drain().collect();
+        // Under the lock, so that no grant in progress slips past it.
+        let leases: Vec<_> = {
+            let mut leases = self.leases.lock().await;
+            self.closed.send_replace(true);
+            leases.drain().collect()
+        };
         for (_, lease) in leases {
             // Holders see the lease over before it is revoked at the server, so no leadership
             // under it outlives its entry.
@@ -386,7 +419,8 @@ impl<Q: Queue> CandidateDriver<Q> {
             // Requeue serves the `Candidacy` handle: once it is gone nobody can receive another
             // term, so a loss or a resigned term must end the candidacy, never campaign again
             // (a new term would be dropped at once, resign, campaign again, and so on forever).
-            if self.leaderships.is_closed() {
+            // Likewise once the backend is closed: it grants no lease any more.
+            if self.leaderships.is_closed() || self.queue.is_closed() {
                 self.core.stop_requeue();
             }
             match wake {
@@ -638,7 +672,11 @@ impl<Q: Queue> CandidateDriver<Q> {
     /// Without requeue a failure ends the candidacy and reaches the caller; with requeue we
     /// pause and retry (unless asked to stop). Returns whether to give up.
     async fn give_up(&mut self, error: Error) -> bool {
-        if !self.config.requeue || self.leaderships.is_closed() {
+        if self.queue.is_closed() {
+            // Closed for good: requeue cannot campaign again (no lease is granted any more).
+            self.core.stop_requeue();
+        }
+        if !self.config.requeue || self.leaderships.is_closed() || self.queue.is_closed() {
             let _ = self.leaderships.try_send(Box::new(Err(error)));
             self.core.handle_backend_failed();
             self.clean_up_uncertain_create().await;

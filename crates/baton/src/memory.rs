@@ -624,6 +624,10 @@ impl Queue for MemoryBackend {
         &self.tokens
     }
 
+    fn is_closed(&self) -> bool {
+        self.leases.is_closed()
+    }
+
     fn entrant(&self, spec: &CandidateSpec, serial: u64) -> MemEntrant {
         MemEntrant {
             election: spec.election.clone(),
@@ -837,8 +841,7 @@ impl Queue for MemoryBackend {
     }
 }
 
-/// Fencing in the store: the transaction runs only while the entry at the token exists (if it
-/// exists it is the first: no entry can appear ahead of it).
+/// Fencing in the store: the transaction runs only while the entry at the token leads.
 struct MemFencer {
     store: Arc<Store>,
     stats: Arc<Stats>,
@@ -879,7 +882,12 @@ fn run_fenced(
     txn.validate()?;
     stats.request();
     let mut state = store.reach("fenced transaction")?;
-    if state.record(election, token).is_none() {
+    // The leader's entry, not merely one at this position: a waiter's token must not pass.
+    let leader = state
+        .elections
+        .get(election)
+        .and_then(|entries| entries.keys().next().copied());
+    if leader != Some(token) {
         return Err(Error::Fenced {
             election: election.to_string(),
             token,
@@ -963,6 +971,10 @@ impl Connection for MemoryBackend {
         tx: mpsc::Sender<Observed>,
     ) -> BoxFuture<'static, Result<()>> {
         Box::pin(async move {
+            if self.leases.is_closed() {
+                return Err(Error::Closed);
+            }
+            let closing = self.leases.closing();
             let (seen_tx, mut seen) = mpsc::unbounded_channel();
             let first = {
                 let mut state = self.store.reach("watch")?;
@@ -975,7 +987,14 @@ impl Connection for MemoryBackend {
                 if tx.send(Observed::Leader(first)).await.is_err() {
                     return;
                 }
-                while let Some(event) = seen.recv().await {
+                let mut closing = std::pin::pin!(closing);
+                loop {
+                    // The stream ends with its backend (the task's end drops the sender).
+                    let event = tokio::select! {
+                        event = seen.recv() => event,
+                        _ = closing.as_mut() => None,
+                    };
+                    let Some(event) = event else { return };
                     let current = match event {
                         Seen::Unavailable => {
                             last = None;

@@ -100,8 +100,10 @@ impl Runner {
     /// Campaigns; each time it is elected, runs `job(leadership)` until leadership is lost (the
     /// job's future is dropped at once, no later than the local deadline, and the runner
     /// campaigns again), the job completes, or `shutdown` completes (then it resigns and
-    /// returns `Ok`). Fails if the candidacy fails for good (say [`crate::Error::DuplicateId`]
-    /// or [`crate::Error::TokenRegressed`]).
+    /// returns `Ok`). Fails if the candidacy fails for good (say
+    /// [`crate::Error::TokenRegressed`]). Like any requeueing candidacy, one whose id another
+    /// live candidate uses does not fail with [`crate::Error::DuplicateId`]: it keeps trying,
+    /// with a warning, and campaigns once that candidate is gone.
     ///
     /// The job must stop acting when its future is dropped: work it spawns elsewhere should
     /// watch [`Leadership::lost`] itself.

@@ -213,6 +213,32 @@ async fn fenced_operations_are_bounded_while_etcd_is_stopped() {
     assert!(took < std::time::Duration::from_secs(2), "took {took:?}");
 }
 
+/// A campaign's lease grant is bounded like every other request: with etcd frozen and a long
+/// TTL (30 s) it fails within the request timeout (5 s), not after most of the TTL.
+#[tokio::test]
+async fn lease_grant_is_bounded_while_etcd_is_stopped() {
+    let etcd = PrivateEtcd::start().await;
+    let backend = Backend::connect(&format!("etcd://{}/grant", etcd.endpoint()))
+        .await
+        .unwrap();
+    let config = conformance::config().with_ttl(std::time::Duration::from_secs(30));
+    let election = Election::new(&backend, "grant", config).unwrap();
+    let pid = etcd.child.as_ref().unwrap().id() as i32;
+    // SAFETY: signals to the etcd this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let started = std::time::Instant::now();
+    let limit = std::time::Duration::from_secs(30);
+    let outcome = tokio::time::timeout(limit, election.campaign("a")).await;
+    let took = started.elapsed();
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert!(
+        matches!(outcome, Ok(Err(Error::Timeout { .. }))),
+        "{:?}",
+        outcome.map(|r| r.map(|l| l.token()))
+    );
+    assert!(took < std::time::Duration::from_secs(7), "took {took:?}");
+}
+
 /// "I cannot see the backend" is not "there is no leader": with etcd frozen the observer says
 /// `Unavailable` within a few seconds (the watch alone would stay silent), and once etcd is
 /// back it reports the leader again.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 
-use super::backend_error;
+use super::{backend_error, request};
 use crate::error::{Error, Result};
 use crate::session::LeaseTransport;
 use crate::stats::Stats;
@@ -25,12 +25,10 @@ pub(super) struct EtcdLeaseTransport {
 impl LeaseTransport for EtcdLeaseTransport {
     async fn grant(&mut self, ttl: Duration) -> Result<Duration> {
         let seconds = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
-        self.stats.request();
-        let response = self
-            .client
-            .lease_grant(seconds, None)
-            .await
-            .map_err(|error| backend_error("lease grant", error))?;
+        // Bounded like every other request: the lease driver's own bound is the local lease,
+        // which for a long TTL would leave a campaign hanging on a stalled server for minutes.
+        let grant = self.client.lease_grant(seconds, None);
+        let response = request(&self.stats, "lease grant", grant).await?;
         self.id = response.id();
         if let Some(tx) = self.on_grant.take() {
             let _ = tx.send(self.id);
@@ -83,11 +81,10 @@ impl LeaseTransport for EtcdLeaseTransport {
     }
 
     async fn revoke(&mut self) -> Result<()> {
-        self.stats.request();
-        self.client
-            .lease_revoke(self.id)
+        // Bounded like the grant (the driver's bound is the renew interval, which can be long).
+        let revoke = self.client.lease_revoke(self.id);
+        request(&self.stats, "lease revoke", revoke)
             .await
             .map(|_| ())
-            .map_err(|error| backend_error("lease revoke", error))
     }
 }

@@ -274,6 +274,9 @@ impl EtcdBackend {
         election: String,
         tx: mpsc::Sender<Observed>,
     ) -> Result<()> {
+        if self.leases.is_closed() {
+            return Err(Error::Closed);
+        }
         let prefix = self.candidates_scope(&election);
         let (members, revision) = self.snapshot(&prefix).await?;
         let backend = self.clone();
@@ -310,7 +313,7 @@ impl EtcdBackend {
                 last = None;
                 loop {
                     tokio::time::sleep(RETRY_PAUSE).await;
-                    if tx.is_closed() {
+                    if tx.is_closed() || backend.leases.is_closed() {
                         return;
                     }
                     if let Ok((fresh, at)) = backend.snapshot(&prefix).await {
@@ -366,6 +369,7 @@ impl EtcdBackend {
         let mut stream = request(&self.stats, "watch", client.watch(prefix, Some(options))).await?;
         // A watch says nothing while the server is silent (stopped, partitioned): probe it, so
         // that "no news" is never mistaken for "no change" for long.
+        let mut closing = std::pin::pin!(self.leases.closing());
         let mut probe = tokio::time::interval(OBSERVER_PROBE);
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         probe.tick().await;
@@ -373,6 +377,8 @@ impl EtcdBackend {
             let message = tokio::select! {
                 message = stream.message() => message,
                 _ = tx.closed() => return Ok(()),
+                // The stream ends with its backend (the task's end drops the sender).
+                _ = closing.as_mut() => return Ok(()),
                 _ = probe.tick() => {
                     let options = GetOptions::new().with_prefix().with_count_only();
                     request_within(
@@ -434,13 +440,16 @@ impl EtcdBackend {
             election: election.to_string(),
             token,
         };
-        let revision = i64::try_from(token).map_err(|_| fenced())?;
+        // The leader's key, not merely a key with this create revision: a waiter's entry
+        // revision (shown by `participants`) must not pass the fence. The key with the lowest
+        // create revision leads, and while it exists no lower one can appear, so checking that
+        // it still exists with `token` (the fence below) checks that `token` still leads.
         let mut client = self.client.clone();
         let options = GetOptions::new()
             .with_prefix()
             .with_keys_only()
-            .with_min_create_revision(revision)
-            .with_max_create_revision(revision);
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
         let response = request_within(
             limit,
             &self.stats,
@@ -448,7 +457,11 @@ impl EtcdBackend {
             client.get(self.candidates_scope(election), Some(options)),
         )
         .await?;
-        let Some(kv) = response.kvs().first() else {
+        let Some(kv) = response
+            .kvs()
+            .first()
+            .filter(|kv| u64::try_from(kv.create_revision()) == Ok(token))
+        else {
             return Err(fenced());
         };
         let fence = EtcdFencer {

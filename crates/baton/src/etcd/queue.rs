@@ -68,6 +68,10 @@ impl Queue for EtcdBackend {
         &self.tokens
     }
 
+    fn is_closed(&self) -> bool {
+        self.leases.is_closed()
+    }
+
     fn entrant(&self, spec: &CandidateSpec, serial: u64) -> EtcdEntrant {
         EtcdEntrant {
             election: spec.election.clone(),

@@ -181,6 +181,21 @@ macro_rules! conformance_suite {
             }
 
             #[tokio::test]
+            async fn a_waiters_token_is_fenced() {
+                conformance::check_a_waiters_token_is_fenced(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn close_is_final() {
+                conformance::check_close_is_final(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn runner_with_a_duplicate_id_waits() {
+                conformance::check_runner_with_a_duplicate_id_waits(&$backend.url()).await;
+            }
+
+            #[tokio::test]
             async fn runner_callbacks() {
                 let backend = $backend;
                 conformance::check_runner_callbacks(&backend.url(), async |e: &str| {
@@ -919,6 +934,105 @@ pub async fn check_fenced_operations(url: &str) {
         b.fenced_get(&counter).await.unwrap(),
         Some(b"from b".to_vec())
     );
+}
+
+/// Fencing by token admits only the leader's token: a waiter's entry revision (which
+/// `participants` shows) is refused like a stale one, and so are tokens no entry ever had.
+pub async fn check_a_waiters_token_is_fenced(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let name = unique("waiter-token");
+    let election = Election::new(&backend, &name, config()).unwrap();
+    let key = format!("/baton-data/{name}/x");
+    let leader = election.campaign("a").await.unwrap();
+    let waiter = election.candidacy("b").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let participants = election.participants().await.unwrap();
+    assert_eq!(participants.len(), 2, "{participants:?}");
+    let waiters_token = participants[1].token;
+    for token in [waiters_token, 0, i64::MAX as u64, u64::MAX] {
+        match election.guarded_put(token, &key, "x").await {
+            Err(Error::Fenced { .. }) => {}
+            other => panic!("token {token}: {other:?}"),
+        }
+    }
+    election
+        .guarded_put(leader.token(), &key, "x")
+        .await
+        .unwrap();
+    drop(waiter);
+    leader.resign().await;
+}
+
+/// `Backend::close` is final: a requeueing candidacy does not campaign again under a new
+/// lease, observers end, and campaigns started afterwards fail without spinning.
+pub async fn check_close_is_final(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let watcher = Backend::connect(url).await.unwrap();
+    let name = unique("close");
+    let election = Election::new(&backend, &name, config().with_requeue(true)).unwrap();
+    let outside = Election::new(&watcher, &name, config()).unwrap();
+    let mut observer = election.observe().await.unwrap();
+    assert_eq!(observer.next().await, Some(Observed::Leader(None)));
+    let mut candidacy = election.candidacy("a").unwrap();
+    let leadership = candidacy.next().await.unwrap();
+    backend.close().await;
+    within("lost", Duration::from_secs(1), leadership.lost()).await;
+    match within("next", Duration::from_secs(3), candidacy.next()).await {
+        Err(Error::Closed) => {}
+        other => panic!("a candidacy campaigned again after close: {other:?}"),
+    }
+    assert_eq!(outside.leader().await.unwrap(), None);
+    // The observer ends (what it saw until then may follow).
+    within("observer ends", Duration::from_secs(3), async {
+        while observer.next().await.is_some() {}
+    })
+    .await;
+    assert!(matches!(election.observe().await, Err(Error::Closed)));
+    assert!(matches!(
+        within("campaign", Duration::from_secs(3), election.campaign("b")).await,
+        Err(Error::Closed)
+    ));
+    let mut late = election.candidacy("c").unwrap();
+    assert!(matches!(
+        within("late candidacy", Duration::from_secs(3), late.next()).await,
+        Err(Error::Closed)
+    ));
+    let before = backend.stats().requests;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(backend.stats().requests, before, "requests after close");
+    assert_eq!(outside.leader().await.unwrap(), None);
+}
+
+/// A runner whose id a live candidate already uses waits (it requeues) rather than failing,
+/// and runs its job once that candidate is gone.
+pub async fn check_runner_with_a_duplicate_id_waits(url: &str) {
+    let backend = Backend::connect(url).await.unwrap();
+    let election = Election::new(&backend, &unique("runner-dup"), config()).unwrap();
+    let holder = election.campaign("same").await.unwrap();
+    let (ran_tx, ran) = tokio::sync::oneshot::channel::<u64>();
+    let ran_tx = std::sync::Mutex::new(Some(ran_tx));
+    let runner = election.runner("same").run(
+        move |leadership| {
+            if let Some(tx) = ran_tx.lock().unwrap().take() {
+                let _ = tx.send(leadership.token());
+            }
+            async {}
+        },
+        std::future::pending(),
+    );
+    let task = tokio::spawn(runner);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!task.is_finished(), "{:?}", task.await);
+    let old_token = holder.token();
+    holder.resign().await;
+    let token = within("the runner leads", Duration::from_secs(5), ran)
+        .await
+        .unwrap();
+    assert!(token > old_token);
+    within("the runner returns", Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 /// A leader value (say, an address) is published with the candidacy; `participants` lists the
