@@ -108,8 +108,9 @@ pub enum Error {
         /// The stale token.
         token: u64,
     },
-    /// The background task serving this object has stopped.
-    #[error("the election driver has stopped")]
+    /// The backend was closed ([`crate::Backend::close`]), or the background task serving
+    /// this object has stopped.
+    #[error("the backend was closed (or the election's driver has stopped)")]
     Closed,
 }
 

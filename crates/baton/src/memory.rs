@@ -976,15 +976,23 @@ impl Connection for MemoryBackend {
             }
             let closing = self.leases.closing();
             let (seen_tx, mut seen) = mpsc::unbounded_channel();
+            // A store that cannot be reached right now is not bad input: the stream starts
+            // with `Unavailable` and follows once it answers.
             let first = {
-                let mut state = self.store.reach("watch")?;
+                let mut state = self.store.lock();
                 state.observers.push((election.clone(), seen_tx));
-                state.leader(&election)
+                (!state.unreachable).then(|| state.leader(&election))
             };
             let store = self.store.clone();
             tokio::spawn(async move {
-                let mut last = Some(first.clone());
-                if tx.send(Observed::Leader(first)).await.is_err() {
+                let mut last = first.clone();
+                let said = match first {
+                    Some(leader) => Observed::Leader(leader),
+                    None => Observed::Unavailable {
+                        reason: store.unreachable("watch").to_string(),
+                    },
+                };
+                if tx.send(said).await.is_err() {
                     return;
                 }
                 let mut closing = std::pin::pin!(closing);

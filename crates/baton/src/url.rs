@@ -75,6 +75,9 @@ impl BackendUrl {
                 )))
             }
         }
+        if rest.contains(['?', '#']) {
+            return Err(invalid("query strings and fragments are not supported"));
+        }
         let (hosts, path) = match rest.find('/') {
             Some(at) => rest.split_at(at),
             None => (rest, ""),
@@ -89,6 +92,18 @@ impl BackendUrl {
             };
             if name.is_empty() {
                 return Err(invalid(&format!("endpoint {host:?} has no host name")));
+            }
+            if name.contains('@') {
+                return Err(invalid(&format!(
+                    "endpoint {host:?}: user names and passwords are not supported in the URL"
+                )));
+            }
+            // An IPv6 address is bracketed; any other colon is one too many.
+            let bracketed = name.starts_with('[') && name.ends_with(']');
+            if name.contains(':') && !bracketed {
+                return Err(invalid(&format!(
+                    "endpoint {host:?} has an invalid host name"
+                )));
             }
             if port.parse::<u16>().ok().filter(|&p| p != 0).is_none() {
                 return Err(invalid(&format!("endpoint {host:?} has an invalid port")));
@@ -137,6 +152,17 @@ mod tests {
     }
 
     #[test]
+    fn parses_ipv6_endpoints() {
+        assert_eq!(
+            BackendUrl::parse("etcd://[::1]:2379/x").unwrap(),
+            BackendUrl::Etcd {
+                endpoints: vec!["[::1]:2379".into()],
+                prefix: "/x".into()
+            }
+        );
+    }
+
+    #[test]
     fn parses_memory_names() {
         assert_eq!(
             BackendUrl::parse("memory://tests-1").unwrap(),
@@ -166,6 +192,9 @@ mod tests {
             ("etcd://h:1/@candidates", "reserved"),
             ("etcd://h:1/a/@candidates/b/", "reserved"),
             ("memory://", "expected memory://NAME"),
+            ("etcd://127.0.0.1:2379:5/x", "invalid host name"),
+            ("etcd://user@h:1/x", "user names"),
+            ("etcd://h:1/x?y", "query strings"),
             ("memory://a/b", "expected memory://NAME"),
         ] {
             let message = BackendUrl::parse(url).unwrap_err().to_string();

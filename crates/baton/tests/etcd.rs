@@ -306,3 +306,42 @@ async fn refused_connection_during_a_campaign_is_unreachable() {
         "{message}"
     );
 }
+
+/// Observing while the server cannot be reached is not an error: the stream starts with
+/// `Unavailable` and reports the leader once the server answers again.
+#[tokio::test]
+async fn observing_during_an_outage_starts_unavailable() {
+    use baton::Observed;
+    let etcd = PrivateEtcd::start().await;
+    let url = format!("etcd://{}/outage", etcd.endpoint());
+    let backend = Backend::connect(&url).await.unwrap();
+    let watcher = Backend::connect(&url).await.unwrap();
+    let config = conformance::config().with_ttl(std::time::Duration::from_secs(30));
+    let leadership = Election::new(&backend, "o", config.clone())
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    let pid = etcd.child.as_ref().unwrap().id() as i32;
+    // SAFETY: signals to the etcd this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let election = Election::new(&watcher, "o", config).unwrap();
+    let observer =
+        tokio::time::timeout(std::time::Duration::from_secs(10), election.observe()).await;
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let mut observer = observer
+        .expect("observe() must not hang")
+        .expect("observe() must not fail while the server is away");
+    let first = observer.next().await;
+    assert!(
+        matches!(first, Some(Observed::Unavailable { .. })),
+        "{first:?}"
+    );
+    let back = tokio::time::timeout(std::time::Duration::from_secs(10), observer.next())
+        .await
+        .unwrap();
+    let Some(Observed::Leader(Some(seen))) = back else {
+        panic!("{back:?}");
+    };
+    assert_eq!(seen.token, leadership.token());
+}

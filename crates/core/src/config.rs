@@ -61,6 +61,9 @@ impl BackendLimits {
     };
 }
 
+/// The shortest renew interval accepted: anything shorter is a request storm.
+pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
+
 /// Why an [`ElectionConfig`] was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -108,6 +111,12 @@ pub enum ConfigError {
     /// A zero renew interval would spin.
     #[error("renew interval must be greater than zero")]
     RenewZero,
+    /// Renewals this frequent are a storm of requests, not a lease.
+    #[error("renew interval {renew} is below the minimum of 1ms")]
+    RenewTooFast {
+        /// The requested interval, formatted.
+        renew: String,
+    },
     /// Renewals would come after the local deadline, so every leadership would be lost.
     #[error("renew interval {renew} is not shorter than the local deadline {deadline} (ttl {ttl} less drift and margin)")]
     RenewTooSlow {
@@ -206,6 +215,11 @@ impl ElectionConfig {
         if renew.is_zero() {
             return Err(ConfigError::RenewZero);
         }
+        if renew < MIN_RENEW_INTERVAL {
+            return Err(ConfigError::RenewTooFast {
+                renew: format_duration(renew),
+            });
+        }
         if renew >= local {
             return Err(ConfigError::RenewTooSlow {
                 renew: format_duration(renew),
@@ -300,6 +314,14 @@ mod tests {
                 .with_renew_interval(Duration::ZERO)
                 .validate(&min(ms(1))),
             Err(ConfigError::RenewZero)
+        );
+        assert_eq!(
+            base.clone()
+                .with_renew_interval(Duration::from_nanos(1))
+                .validate(&min(ms(1))),
+            Err(ConfigError::RenewTooFast {
+                renew: "1ns".into()
+            })
         );
         assert_eq!(
             base.clone()

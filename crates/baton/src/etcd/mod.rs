@@ -278,13 +278,42 @@ impl EtcdBackend {
             return Err(Error::Closed);
         }
         let prefix = self.candidates_scope(&election);
-        let (members, revision) = self.snapshot(&prefix).await?;
+        // A backend we cannot reach right now is not bad input: the stream starts with
+        // `Unavailable` and follows once the backend answers (a refused request still fails).
+        let first = match self.snapshot(&prefix).await {
+            Ok(snapshot) => Ok(snapshot),
+            Err(error) if error.is_retryable() => Err(error),
+            Err(error) => return Err(error),
+        };
         let backend = self.clone();
         tokio::spawn(async move {
-            let mut members = members;
-            let mut revision = revision;
             let mut last: Option<Option<LeaderInfo>> = None;
+            let mut outage = first.as_ref().err().map(ToString::to_string);
+            let (mut members, mut revision) = first.unwrap_or_default();
             loop {
+                if let Some(reason) = outage.take() {
+                    // Connection trouble, a server that stopped answering, or compaction: say
+                    // so (what we showed may be stale now), then resynchronise from a fresh
+                    // snapshot (level-triggered: the current state is what matters).
+                    tracing::warn!(%election, %reason, "observer cannot see the backend; resynchronising");
+                    if tx.send(Observed::Unavailable { reason }).await.is_err() {
+                        return;
+                    }
+                    // After an outage the current leader is always reported again.
+                    last = None;
+                    loop {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        if tx.is_closed() || backend.leases.is_closed() {
+                            return;
+                        }
+                        if let Ok((fresh, at)) = backend.snapshot(&prefix).await {
+                            tracing::warn!(%election, "observer resynchronised");
+                            members = fresh;
+                            revision = at;
+                            break;
+                        }
+                    }
+                }
                 let current = leader_of(&members);
                 if last.as_ref() != Some(&current) {
                     if tx.send(Observed::Leader(current.clone())).await.is_err() {
@@ -292,36 +321,12 @@ impl EtcdBackend {
                     }
                     last = Some(current);
                 }
-                let error = match backend
+                match backend
                     .follow(&prefix, &mut members, &mut revision, &mut last, &tx)
                     .await
                 {
                     Ok(()) => return,
-                    Err(error) => error,
-                };
-                // Connection trouble, a server that stopped answering, or compaction: say so
-                // (what we showed may be stale now), then resynchronise from a fresh snapshot
-                // (level-triggered: the current state is what matters).
-                tracing::warn!(%election, %error, "observer cannot see the backend; resynchronising");
-                let unavailable = Observed::Unavailable {
-                    reason: error.to_string(),
-                };
-                if tx.send(unavailable).await.is_err() {
-                    return;
-                }
-                // After an outage the current leader is always reported again.
-                last = None;
-                loop {
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                    if tx.is_closed() || backend.leases.is_closed() {
-                        return;
-                    }
-                    if let Ok((fresh, at)) = backend.snapshot(&prefix).await {
-                        tracing::warn!(%election, "observer resynchronised");
-                        members = fresh;
-                        revision = at;
-                        break;
-                    }
+                    Err(error) => outage = Some(error.to_string()),
                 }
             }
         });
