@@ -343,8 +343,8 @@ fn guard_gone() -> bool {
     got == 0
 }
 
-/// The PID namespace's init: starts CMD, reaps everything, reports CMD's exit to the guard,
-/// and exits when the namespace is empty. Signals without a handler never reach a namespace's
+/// The PID namespace's init: starts CMD, reaps everything, reports CMD's exit to the guard
+/// if processes it started live on, and exits (with CMD's code) when the namespace is empty. Signals without a handler never reach a namespace's
 /// init (but SIGKILL from the guard), so it needs none.
 fn init_main(mut cmd: Command, program: &std::ffi::OsStr) -> ! {
     let relay = |code: i32| {
@@ -361,11 +361,8 @@ fn init_main(mut cmd: Command, program: &std::ffi::OsStr) -> ! {
     };
     let cmd_pid = match cmd.spawn() {
         Ok(child) => child.id() as i32,
-        Err(error) => {
-            let code = cannot_start(program, &error);
-            relay(code);
-            std::process::exit(code);
-        }
+        // Nothing else runs here: our exit status carries the code to the guard.
+        Err(error) => std::process::exit(cannot_start(program, &error)),
     };
     let mut code = None;
     loop {
@@ -375,6 +372,12 @@ fn init_main(mut cmd: Command, program: &std::ffi::OsStr) -> ! {
         if pid == cmd_pid {
             let exited = exit_code(Ok(std::process::ExitStatus::from_raw(status)));
             code = Some(exited);
+            // With nothing else left, exit at once: our exit status carries CMD's code. A
+            // relayed code while we still live would have the guard report leftovers that
+            // do not exist.
+            if !reap_children(-1, &mut None) {
+                std::process::exit(exited);
+            }
             relay(exited);
         } else if pid < 0
             && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted

@@ -880,3 +880,23 @@ fn check_refused(output: &std::process::Output) {
     );
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
+
+/// Under a PID namespace a command that exits and leaves nothing behind is reported as such:
+/// no note of processes living on (there are none), whatever its exit.
+#[test]
+fn a_pid_namespace_command_that_leaves_nothing_is_not_said_to_leave_processes() {
+    let dir = scratch("pidns-nothing-left");
+    let election = unique("pidns-nothing-left");
+    let ns = ["--pid-namespace", "on"];
+    for (script, expected) in [
+        ("exit 7", 7),
+        ("kill -9 $$", 137),
+        ("exec /nonexistent", 127),
+    ] {
+        let mut a = start(&election, &dir, "a", &ns, script);
+        let status = wait_for("a exits", Duration::from_secs(5), || a.try_wait().unwrap());
+        let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap_or_default();
+        assert_eq!(status.code(), Some(expected), "{script}: {stderr}");
+        assert!(!stderr.contains("still run"), "{script}: {stderr}");
+    }
+}
