@@ -92,6 +92,14 @@ fn install(signal: libc::c_int, handler: extern "C" fn(libc::c_int)) {
     }
 }
 
+/// Gives each of `signals` a handler that does nothing: unlike `SIG_IGN`, a handler is reset
+/// by exec, so what we start still gets the default disposition.
+pub fn ignore_signals(signals: impl IntoIterator<Item = libc::c_int>) {
+    for signal in signals {
+        install(signal, ignore);
+    }
+}
+
 /// Runs the guard; never returns.
 pub fn main(command: &[OsString]) -> ! {
     let supervisor: i32 = std::env::var("BATON_SUPERVISOR_PID")

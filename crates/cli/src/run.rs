@@ -113,8 +113,26 @@ struct Signals {
     hup: Signal,
 }
 
+/// Signals meant for the job, or stray, whose default would end the supervisor without
+/// resigning (the successor would wait out the TTL): `pkill -USR1 -f JOB` to reopen logs, or
+/// `pkill -QUIT -f JOB` for a JVM's thread dump, also match `baton run`'s command line. They
+/// are ignored, as the guard ignores them. The realtime signals are added in
+/// [`Signals::install`].
+const STRAY: [libc::c_int; 9] = [
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGQUIT,
+    libc::SIGALRM,
+    libc::SIGVTALRM,
+    libc::SIGPROF,
+    libc::SIGIO,
+    libc::SIGPWR,
+    libc::SIGSTKFLT,
+];
+
 impl Signals {
     fn install() -> anyhow::Result<Signals> {
+        guard::ignore_signals(STRAY.into_iter().chain(libc::SIGRTMIN()..=libc::SIGRTMAX()));
         Ok(Signals {
             term: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
             int: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,

@@ -900,3 +900,42 @@ fn a_pid_namespace_command_that_leaves_nothing_is_not_said_to_leave_processes() 
         assert!(!stderr.contains("still run"), "{script}: {stderr}");
     }
 }
+
+/// Stray signals to `baton run` itself (`pkill -USR1 -f JOB` to reopen logs, `pkill -QUIT -f
+/// JOB` for a JVM's thread dump: both match its command line too): the term goes on with the
+/// same command and token; the supervisor neither dies nor gives up its lease.
+#[test]
+fn stray_signals_to_the_supervisor_change_nothing() {
+    let dir = scratch("stray-supervisor");
+    let election = unique("stray-supervisor");
+    let script = format!("echo $$ > {}/pid; exec sleep 600", dir.display());
+    let mut a = start(&election, &dir, "a", &[], &script);
+    let pid = wait_for("a runs", Duration::from_secs(5), || {
+        read_number(&dir.join("pid"))
+    });
+    for stray in [
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGQUIT,
+        libc::SIGALRM,
+        libc::SIGVTALRM,
+        libc::SIGPROF,
+        libc::SIGIO,
+        libc::SIGPWR,
+        libc::SIGRTMIN(),
+        libc::SIGRTMAX(),
+    ] {
+        signal(a.id() as i32, stray);
+        std::thread::sleep(Duration::from_millis(50));
+        let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap_or_default();
+        assert!(
+            a.try_wait().unwrap().is_none(),
+            "signal {stray} ended baton run: {stderr}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(alive(pid));
+    signal(a.id() as i32, libc::SIGTERM);
+    let status = wait_for("a exits", Duration::from_secs(3), || a.try_wait().unwrap());
+    assert_eq!(status.code(), Some(143));
+}
