@@ -939,3 +939,42 @@ fn stray_signals_to_the_supervisor_change_nothing() {
     let status = wait_for("a exits", Duration::from_secs(3), || a.try_wait().unwrap());
     assert_eq!(status.code(), Some(143));
 }
+
+/// SIGTERM to a candidate that is still campaigning: its standby guard and launcher (already
+/// in the cgroup) end before it exits, so no cgroup directory is left behind.
+#[test]
+fn sigterm_while_campaigning_leaves_no_cgroup_behind() {
+    let dir = scratch("campaign-term");
+    let election = unique("campaign-term");
+    let mut a = start(&election, &dir, "a", &[], "exec sleep 600");
+    wait_for("a leads", Duration::from_secs(5), || {
+        std::fs::read_to_string(dir.join("a.stderr"))
+            .unwrap_or_default()
+            .contains("command started")
+            .then_some(())
+    });
+    for mode in ["off", "on"] {
+        let mut b = start(
+            &election,
+            &dir,
+            "b",
+            &["--containment", "cgroup", "--pid-namespace", mode],
+            "exec sleep 600",
+        );
+        let cgroup = PathBuf::from("/sys/fs/cgroup/unified").join(format!("baton-{}", b.id()));
+        wait_for(
+            "b's launcher waits in its cgroup",
+            Duration::from_secs(5),
+            || {
+                let members = std::fs::read_to_string(cgroup.join("cgroup.procs")).ok()?;
+                (!members.trim().is_empty()).then_some(())
+            },
+        );
+        signal(b.id() as i32, libc::SIGTERM);
+        let status = wait_for("b exits", Duration::from_secs(5), || b.try_wait().unwrap());
+        assert_eq!(status.code(), Some(143));
+        assert!(!cgroup.exists(), "--pid-namespace {mode}: {cgroup:?} left");
+    }
+    signal(a.id() as i32, libc::SIGTERM);
+    let _ = a.wait();
+}
