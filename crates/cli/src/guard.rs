@@ -182,6 +182,12 @@ pub fn main(command: &[OsString]) -> ! {
         if guard.control.closed {
             launcher.cancel();
         }
+        if guard.cage.pid_namespace() && launcher.exited() {
+            // The namespace's init was killed: no process can start in the namespace any
+            // more. Exit, so that `baton run` starts another guard rather than a term that
+            // cannot run its command.
+            std::process::exit(1);
+        }
         guard.poll(None, None);
     };
     if clock_nanos() >= deadline {
@@ -252,6 +258,17 @@ impl Launcher {
         let (pid, socket) = self.started?;
         send(&socket, format!("{token}\n").as_bytes()).ok()?;
         Some((pid, socket))
+    }
+
+    /// Whether it has exited (it was killed: it only exits on its own once it has a token or
+    /// its socket closed). Reaps it if so.
+    fn exited(&self) -> bool {
+        let Some((pid, _)) = &self.started else {
+            return true;
+        };
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, non-blocking.
+        unsafe { libc::waitpid(*pid, &mut status, libc::WNOHANG) == *pid }
     }
 
     /// No term after all: the launcher sees its pipe close and exits; we wait for it, then

@@ -316,7 +316,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             continue;
         }
         let deadline = leadership.deadline().unwrap_or_else(Instant::now);
-        let mut child = match standby.start(token, deadline) {
+        // A standby guard that died while we campaigned (a stray kill -9, the OOM killer) is
+        // replaced now, at the cost of its start-up: that is no reason to give up the term.
+        let started = standby.start(token, deadline).or_else(|_| {
+            note(
+                &name,
+                format_args!("the command's standby guard had died; starting another"),
+            );
+            Standby::spawn(&args.command, &name, &id, &cage)?.start(token, deadline)
+        });
+        let mut child = match started {
             Ok(child) => child,
             Err(error) => {
                 candidacy.resign().await;

@@ -978,3 +978,65 @@ fn sigterm_while_campaigning_leaves_no_cgroup_behind() {
     signal(a.id() as i32, libc::SIGTERM);
     let _ = a.wait();
 }
+
+/// A waiting candidate's standby guard killed (a stray kill -9, the OOM killer), or under a
+/// PID namespace its standby launcher, the namespace's init: when it is elected it still runs
+/// its command, with another guard, instead of failing the term.
+#[test]
+fn a_standby_guard_or_launcher_killed_while_campaigning_is_replaced() {
+    let dir = scratch("standby-killed");
+    for (victim, mode) in [("guard", "off"), ("launcher", "on")] {
+        let election = unique("standby-killed");
+        let mut a = start(&election, &dir, "a", &[], "exec sleep 600");
+        wait_for("a leads", Duration::from_secs(5), || {
+            std::fs::read_to_string(dir.join("a.stderr"))
+                .unwrap_or_default()
+                .contains("command started")
+                .then_some(())
+        });
+        let token = dir.join(format!("b-{victim}.token"));
+        let script = format!("echo $BATON_TOKEN > {}; exec sleep 600", token.display());
+        let mut b = start(&election, &dir, "b", &["--pid-namespace", mode], &script);
+        // By command line: a PID namespace probe may briefly be b's first child.
+        let guard = child_running(b.id() as i32, "__guard");
+        let target = match victim {
+            "guard" => guard,
+            _ => child_running(guard, "__launch"),
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        signal(target, libc::SIGKILL);
+        std::thread::sleep(Duration::from_millis(200));
+        signal(a.id() as i32, libc::SIGTERM);
+        let _ = a.wait();
+        wait_for(
+            &format!("b runs its command after its {victim} was killed"),
+            Duration::from_secs(5),
+            || {
+                let stderr = std::fs::read_to_string(dir.join("b.stderr")).unwrap_or_default();
+                assert!(b.try_wait().unwrap().is_none(), "b exited: {stderr}");
+                read_number(&token)
+            },
+        );
+        signal(b.id() as i32, libc::SIGTERM);
+        let status = b.wait().unwrap();
+        assert_eq!(status.code(), Some(143));
+    }
+}
+
+/// The child of `parent` whose command line contains `word`, once there is one.
+fn child_running(parent: i32, word: &str) -> i32 {
+    wait_for(
+        &format!("{parent}'s {word}"),
+        Duration::from_secs(2),
+        || {
+            let children =
+                std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
+            children.split_whitespace().find_map(|child| {
+                let line = std::fs::read(format!("/proc/{child}/cmdline")).ok()?;
+                String::from_utf8_lossy(&line)
+                    .contains(word)
+                    .then(|| child.parse().ok())?
+            })
+        },
+    )
+}
