@@ -92,6 +92,14 @@ fn install(signal: libc::c_int, handler: extern "C" fn(libc::c_int)) {
     }
 }
 
+/// Gives each of `signals` a handler that does nothing: unlike `SIG_IGN`, a handler is reset
+/// by exec, so what we start still gets the default disposition.
+pub fn ignore_signals(signals: impl IntoIterator<Item = libc::c_int>) {
+    for signal in signals {
+        install(signal, ignore);
+    }
+}
+
 /// Runs the guard; never returns.
 pub fn main(command: &[OsString]) -> ! {
     let supervisor: i32 = std::env::var("BATON_SUPERVISOR_PID")
@@ -174,6 +182,12 @@ pub fn main(command: &[OsString]) -> ! {
         if guard.control.closed {
             launcher.cancel();
         }
+        if guard.cage.pid_namespace() && launcher.exited() {
+            // The namespace's init was killed: no process can start in the namespace any
+            // more. Exit, so that `baton run` starts another guard rather than a term that
+            // cannot run its command.
+            std::process::exit(1);
+        }
         guard.poll(None, None);
     };
     if clock_nanos() >= deadline {
@@ -244,6 +258,17 @@ impl Launcher {
         let (pid, socket) = self.started?;
         send(&socket, format!("{token}\n").as_bytes()).ok()?;
         Some((pid, socket))
+    }
+
+    /// Whether it has exited (it was killed: it only exits on its own once it has a token or
+    /// its socket closed). Reaps it if so.
+    fn exited(&self) -> bool {
+        let Some((pid, _)) = &self.started else {
+            return true;
+        };
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, non-blocking.
+        unsafe { libc::waitpid(*pid, &mut status, libc::WNOHANG) == *pid }
     }
 
     /// No term after all: the launcher sees its pipe close and exits; we wait for it, then
@@ -343,8 +368,8 @@ fn guard_gone() -> bool {
     got == 0
 }
 
-/// The PID namespace's init: starts CMD, reaps everything, reports CMD's exit to the guard,
-/// and exits when the namespace is empty. Signals without a handler never reach a namespace's
+/// The PID namespace's init: starts CMD, reaps everything, reports CMD's exit to the guard
+/// if processes it started live on, and exits (with CMD's code) when the namespace is empty. Signals without a handler never reach a namespace's
 /// init (but SIGKILL from the guard), so it needs none.
 fn init_main(mut cmd: Command, program: &std::ffi::OsStr) -> ! {
     let relay = |code: i32| {
@@ -361,11 +386,8 @@ fn init_main(mut cmd: Command, program: &std::ffi::OsStr) -> ! {
     };
     let cmd_pid = match cmd.spawn() {
         Ok(child) => child.id() as i32,
-        Err(error) => {
-            let code = cannot_start(program, &error);
-            relay(code);
-            std::process::exit(code);
-        }
+        // Nothing else runs here: our exit status carries the code to the guard.
+        Err(error) => std::process::exit(cannot_start(program, &error)),
     };
     let mut code = None;
     loop {
@@ -375,6 +397,12 @@ fn init_main(mut cmd: Command, program: &std::ffi::OsStr) -> ! {
         if pid == cmd_pid {
             let exited = exit_code(Ok(std::process::ExitStatus::from_raw(status)));
             code = Some(exited);
+            // With nothing else left, exit at once: our exit status carries CMD's code. A
+            // relayed code while we still live would have the guard report leftovers that
+            // do not exist.
+            if !reap_children(-1, &mut None) {
+                std::process::exit(exited);
+            }
             relay(exited);
         } else if pid < 0
             && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted

@@ -113,8 +113,26 @@ struct Signals {
     hup: Signal,
 }
 
+/// Signals meant for the job, or stray, whose default would end the supervisor without
+/// resigning (the successor would wait out the TTL): `pkill -USR1 -f JOB` to reopen logs, or
+/// `pkill -QUIT -f JOB` for a JVM's thread dump, also match `baton run`'s command line. They
+/// are ignored, as the guard ignores them. The realtime signals are added in
+/// [`Signals::install`].
+const STRAY: [libc::c_int; 9] = [
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGQUIT,
+    libc::SIGALRM,
+    libc::SIGVTALRM,
+    libc::SIGPROF,
+    libc::SIGIO,
+    libc::SIGPWR,
+    libc::SIGSTKFLT,
+];
+
 impl Signals {
     fn install() -> anyhow::Result<Signals> {
+        guard::ignore_signals(STRAY.into_iter().chain(libc::SIGRTMIN()..=libc::SIGRTMAX()));
         Ok(Signals {
             term: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
             int: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,
@@ -244,6 +262,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             next = candidacy.next() => next,
             signal = signals.stop() => {
                 candidacy.resign().await;
+                standby.cancel().await;
                 return Err(Exit(128 + signal as u8).into());
             }
         };
@@ -257,7 +276,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     &name,
                     format_args!("lost its place in the queue ({reason}); campaigning again"),
                 );
-                drop(standby);
+                standby.cancel().await;
                 candidacy = election.candidacy_with(&id, options.clone())?;
                 continue;
             }
@@ -267,7 +286,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     &name,
                     format_args!("campaign failed ({error}); trying again in 1s"),
                 );
-                drop(standby);
+                standby.cancel().await;
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                     signal = signals.stop() => return Err(Exit(128 + signal as u8).into()),
@@ -275,7 +294,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 candidacy = election.candidacy_with(&id, options.clone())?;
                 continue;
             }
-            Err(error) => return Err(anyhow::Error::new(error).context("campaigning")),
+            Err(error) => {
+                standby.cancel().await;
+                return Err(anyhow::Error::new(error).context("campaigning"));
+            }
         };
         let token = leadership.token();
         if !leadership.is_leading() {
@@ -286,7 +308,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 format_args!("elected with token {token} after the lease ran out; not starting"),
             );
             drop(leadership);
-            drop(standby);
+            standby.cancel().await;
             if !args.requeue {
                 candidacy.resign().await;
                 return Err(Exit(EXIT_LOST).into());
@@ -294,7 +316,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             continue;
         }
         let deadline = leadership.deadline().unwrap_or_else(Instant::now);
-        let mut child = match standby.start(token, deadline) {
+        // A standby guard that died while we campaigned (a stray kill -9, the OOM killer) is
+        // replaced now, at the cost of its start-up: that is no reason to give up the term.
+        let started = standby.start(token, deadline).or_else(|_| {
+            note(
+                &name,
+                format_args!("the command's standby guard had died; starting another"),
+            );
+            Standby::spawn(&args.command, &name, &id, &cage)?.start(token, deadline)
+        });
+        let mut child = match started {
             Ok(child) => child,
             Err(error) => {
                 candidacy.resign().await;
@@ -603,6 +634,9 @@ impl Running {
 /// without the guard.
 const GUARD_KILL_WAIT: Duration = Duration::from_millis(500);
 
+/// How long a standby guard gets to end its launcher and exit when it gets no term.
+const STANDBY_CANCEL: Duration = Duration::from_secs(1);
+
 /// Clean walks in a row that `kill_all` needs when the guard cannot vouch for the tree.
 const CLEAN_WALKS: u32 = 20;
 
@@ -668,6 +702,23 @@ impl Standby {
             status,
             cage: cage.clone(),
         })
+    }
+
+    /// Ends a guard that gets no term. Its control pipe closing tells it so: it ends its
+    /// launcher, waits for it and exits, leaving the cgroup empty and no orphan to us (killing
+    /// it instead would orphan the launcher to us, where it stays a zombie and keeps the cgroup
+    /// from being removed). A guard that does not exit in time is killed.
+    async fn cancel(self) {
+        let Standby {
+            mut child, control, ..
+        } = self;
+        drop(control);
+        if tokio::time::timeout(STANDBY_CANCEL, child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.kill().await;
+        }
     }
 
     /// Hands the guard its token and the local deadline: it starts CMD at once.

@@ -880,3 +880,163 @@ fn check_refused(output: &std::process::Output) {
     );
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
+
+/// Under a PID namespace a command that exits and leaves nothing behind is reported as such:
+/// no note of processes living on (there are none), whatever its exit.
+#[test]
+fn a_pid_namespace_command_that_leaves_nothing_is_not_said_to_leave_processes() {
+    let dir = scratch("pidns-nothing-left");
+    let election = unique("pidns-nothing-left");
+    let ns = ["--pid-namespace", "on"];
+    for (script, expected) in [
+        ("exit 7", 7),
+        ("kill -9 $$", 137),
+        ("exec /nonexistent", 127),
+    ] {
+        let mut a = start(&election, &dir, "a", &ns, script);
+        let status = wait_for("a exits", Duration::from_secs(5), || a.try_wait().unwrap());
+        let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap_or_default();
+        assert_eq!(status.code(), Some(expected), "{script}: {stderr}");
+        assert!(!stderr.contains("still run"), "{script}: {stderr}");
+    }
+}
+
+/// Stray signals to `baton run` itself (`pkill -USR1 -f JOB` to reopen logs, `pkill -QUIT -f
+/// JOB` for a JVM's thread dump: both match its command line too): the term goes on with the
+/// same command and token; the supervisor neither dies nor gives up its lease.
+#[test]
+fn stray_signals_to_the_supervisor_change_nothing() {
+    let dir = scratch("stray-supervisor");
+    let election = unique("stray-supervisor");
+    let script = format!("echo $$ > {}/pid; exec sleep 600", dir.display());
+    let mut a = start(&election, &dir, "a", &[], &script);
+    let pid = wait_for("a runs", Duration::from_secs(5), || {
+        read_number(&dir.join("pid"))
+    });
+    for stray in [
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGQUIT,
+        libc::SIGALRM,
+        libc::SIGVTALRM,
+        libc::SIGPROF,
+        libc::SIGIO,
+        libc::SIGPWR,
+        libc::SIGRTMIN(),
+        libc::SIGRTMAX(),
+    ] {
+        signal(a.id() as i32, stray);
+        std::thread::sleep(Duration::from_millis(50));
+        let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap_or_default();
+        assert!(
+            a.try_wait().unwrap().is_none(),
+            "signal {stray} ended baton run: {stderr}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(alive(pid));
+    signal(a.id() as i32, libc::SIGTERM);
+    let status = wait_for("a exits", Duration::from_secs(3), || a.try_wait().unwrap());
+    assert_eq!(status.code(), Some(143));
+}
+
+/// SIGTERM to a candidate that is still campaigning: its standby guard and launcher (already
+/// in the cgroup) end before it exits, so no cgroup directory is left behind.
+#[test]
+fn sigterm_while_campaigning_leaves_no_cgroup_behind() {
+    let dir = scratch("campaign-term");
+    let election = unique("campaign-term");
+    let mut a = start(&election, &dir, "a", &[], "exec sleep 600");
+    wait_for("a leads", Duration::from_secs(5), || {
+        std::fs::read_to_string(dir.join("a.stderr"))
+            .unwrap_or_default()
+            .contains("command started")
+            .then_some(())
+    });
+    for mode in ["off", "on"] {
+        let mut b = start(
+            &election,
+            &dir,
+            "b",
+            &["--containment", "cgroup", "--pid-namespace", mode],
+            "exec sleep 600",
+        );
+        let cgroup = PathBuf::from("/sys/fs/cgroup/unified").join(format!("baton-{}", b.id()));
+        wait_for(
+            "b's launcher waits in its cgroup",
+            Duration::from_secs(5),
+            || {
+                let members = std::fs::read_to_string(cgroup.join("cgroup.procs")).ok()?;
+                (!members.trim().is_empty()).then_some(())
+            },
+        );
+        signal(b.id() as i32, libc::SIGTERM);
+        let status = wait_for("b exits", Duration::from_secs(5), || b.try_wait().unwrap());
+        assert_eq!(status.code(), Some(143));
+        assert!(!cgroup.exists(), "--pid-namespace {mode}: {cgroup:?} left");
+    }
+    signal(a.id() as i32, libc::SIGTERM);
+    let _ = a.wait();
+}
+
+/// A waiting candidate's standby guard killed (a stray kill -9, the OOM killer), or under a
+/// PID namespace its standby launcher, the namespace's init: when it is elected it still runs
+/// its command, with another guard, instead of failing the term.
+#[test]
+fn a_standby_guard_or_launcher_killed_while_campaigning_is_replaced() {
+    let dir = scratch("standby-killed");
+    for (victim, mode) in [("guard", "off"), ("launcher", "on")] {
+        let election = unique("standby-killed");
+        let mut a = start(&election, &dir, "a", &[], "exec sleep 600");
+        wait_for("a leads", Duration::from_secs(5), || {
+            std::fs::read_to_string(dir.join("a.stderr"))
+                .unwrap_or_default()
+                .contains("command started")
+                .then_some(())
+        });
+        let token = dir.join(format!("b-{victim}.token"));
+        let script = format!("echo $BATON_TOKEN > {}; exec sleep 600", token.display());
+        let mut b = start(&election, &dir, "b", &["--pid-namespace", mode], &script);
+        // By command line: a PID namespace probe may briefly be b's first child.
+        let guard = child_running(b.id() as i32, "__guard");
+        let target = match victim {
+            "guard" => guard,
+            _ => child_running(guard, "__launch"),
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        signal(target, libc::SIGKILL);
+        std::thread::sleep(Duration::from_millis(200));
+        signal(a.id() as i32, libc::SIGTERM);
+        let _ = a.wait();
+        wait_for(
+            &format!("b runs its command after its {victim} was killed"),
+            Duration::from_secs(5),
+            || {
+                let stderr = std::fs::read_to_string(dir.join("b.stderr")).unwrap_or_default();
+                assert!(b.try_wait().unwrap().is_none(), "b exited: {stderr}");
+                read_number(&token)
+            },
+        );
+        signal(b.id() as i32, libc::SIGTERM);
+        let status = b.wait().unwrap();
+        assert_eq!(status.code(), Some(143));
+    }
+}
+
+/// The child of `parent` whose command line contains `word`, once there is one.
+fn child_running(parent: i32, word: &str) -> i32 {
+    wait_for(
+        &format!("{parent}'s {word}"),
+        Duration::from_secs(2),
+        || {
+            let children =
+                std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
+            children.split_whitespace().find_map(|child| {
+                let line = std::fs::read(format!("/proc/{child}/cmdline")).ok()?;
+                String::from_utf8_lossy(&line)
+                    .contains(word)
+                    .then(|| child.parse().ok())?
+            })
+        },
+    )
+}

@@ -190,3 +190,53 @@ fn sigterm_ends_a_requeueing_candidate_even_while_etcd_is_unreachable() {
     assert!(read_number(&dir.join("w.token")).is_none());
     drop(leader);
 }
+
+/// A candidate whose campaign keeps failing (etcd unreachable for a while) starts a new
+/// standby guard for every attempt: the old ones, and their launchers, are reaped, not left as
+/// zombies that pile up for as long as the outage lasts.
+#[test]
+fn failed_campaigns_leave_no_zombies() {
+    let Setup {
+        dir,
+        election,
+        proxy,
+        through_proxy,
+        direct,
+    } = Setup::new("campaign-zombies");
+    let leader = Runner::start(&direct, &election, "2s", &dir, "l");
+    leader.wait_running(Duration::from_secs(5));
+    let stderr = std::fs::File::create(dir.join("w.stderr")).unwrap();
+    let mut waiter = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["run", "--backend", &through_proxy, "--election", &election])
+        .args(["--id", "w", "--ttl", "2s", "--", "sleep", "1000"])
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.set_partitioned(true);
+    let pid = waiter.id();
+    wait_for("three failed campaigns", Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(dir.join("w.stderr")).unwrap_or_default();
+        (text.matches("trying again").count() >= 3).then_some(())
+    });
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let zombies: Vec<&str> = children
+        .split_whitespace()
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+        })
+        .collect();
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let _ = wait_for("waiter exits", Duration::from_secs(15), || {
+        waiter.try_wait().unwrap()
+    });
+    assert!(zombies.is_empty(), "zombies left to baton run: {zombies:?}");
+    drop(leader);
+}
