@@ -337,7 +337,14 @@ fn sweep_stale(dir: &std::path::Path) {
         else {
             continue;
         };
-        if sibling != dir && process(pid).is_none() {
+        // Old enough too: a `baton run` in another PID namespace (whose PID we cannot see)
+        // may have just created its cgroup and not yet moved its launcher in.
+        let old = std::fs::metadata(&sibling)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|at| at.elapsed().ok())
+            .is_some_and(|age| age > STALE_AFTER);
+        if sibling != dir && old && process(pid).is_none() {
             let mut found = Vec::new();
             members_below(&sibling, &mut found, 0);
             if found.is_empty() {
@@ -346,6 +353,9 @@ fn sweep_stale(dir: &std::path::Path) {
         }
     }
 }
+
+/// How old an empty `baton-PID` cgroup of a PID we cannot see must be before it is swept.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Writes "0" (the writing process) to the cgroup.procs file at `procs`: joins that cgroup.
 fn join(procs: &CString) -> std::io::Result<()> {
@@ -660,5 +670,32 @@ mod tests {
         assert!(found.iter().any(|p| p.pid == grandchild && p.live));
         signal_tree(child.id() as i32, libc::SIGKILL, None);
         child.wait().unwrap();
+    }
+
+    /// Only old, empty cgroups of processes we cannot see are swept: a fresh one may belong to
+    /// a `baton run` in another PID namespace that has not moved its launcher in yet.
+    #[test]
+    fn sweeping_spares_fresh_cgroups_of_unseen_processes() {
+        let parent = std::env::temp_dir().join(format!("baton-sweep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&parent);
+        let ours = parent.join(format!("baton-{}", std::process::id()));
+        // PIDs above the kernel's maximum (4194304) are never alive.
+        let fresh = parent.join("baton-2147483000");
+        let old = parent.join("baton-2147483001");
+        for dir in [&ours, &fresh, &old] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        let long_ago = std::time::SystemTime::now() - 2 * STALE_AFTER;
+        std::fs::File::open(&old)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        sweep_stale(&ours);
+        assert!(ours.exists() && fresh.exists(), "a fresh cgroup was swept");
+        assert!(
+            !old.exists(),
+            "an old empty cgroup of a dead process was kept"
+        );
+        std::fs::remove_dir_all(&parent).unwrap();
     }
 }
