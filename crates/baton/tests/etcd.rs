@@ -87,29 +87,41 @@ impl PrivateEtcd {
             dir,
             child: None,
         };
-        etcd.spawn().await;
-        etcd
+        // Another test may take the same "free" port first: then try other ports.
+        for _ in 0..5 {
+            if etcd.spawn().await {
+                return etcd;
+            }
+            etcd.kill();
+            etcd.client_port = free_port();
+            etcd.peer_port = free_port();
+        }
+        panic!("no free ports for a private etcd after 5 tries");
     }
 
     fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.client_port)
     }
 
-    /// Starts etcd on an empty data directory and waits until it answers.
-    async fn spawn(&mut self) {
+    /// Starts etcd on an empty data directory and waits until it answers. Returns false if
+    /// another test's etcd answers on its port.
+    async fn spawn(&mut self) -> bool {
         let _ = std::fs::remove_dir_all(&self.dir);
         std::fs::create_dir_all(&self.dir).unwrap();
         let client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::create(self.dir.join("etcd.log")).unwrap();
+        // A name of its own: two tests may race for the same "free" port, and then the server
+        // answering there must be recognised as another test's.
+        let name = format!("private-{}-{}", std::process::id(), self.client_port);
         let child = std::process::Command::new("etcd")
-            .arg("--name=private")
+            .arg(format!("--name={name}"))
             .arg(format!("--data-dir={}", self.dir.join("data").display()))
             .arg(format!("--listen-client-urls={client}"))
             .arg(format!("--advertise-client-urls={client}"))
             .arg(format!("--listen-peer-urls={peer}"))
             .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=private={peer}"))
+            .arg(format!("--initial-cluster={name}={peer}"))
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()
@@ -117,8 +129,8 @@ impl PrivateEtcd {
         self.child = Some(child);
         for _ in 0..100 {
             if let Ok(mut client) = etcd_client::Client::connect([self.endpoint()], None).await {
-                if client.status().await.is_ok() {
-                    return;
+                if let Ok(members) = client.member_list().await {
+                    return members.members().iter().any(|m| m.name() == name);
                 }
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -137,7 +149,11 @@ impl PrivateEtcd {
     /// revisions start again from 1.
     async fn wipe(&mut self) {
         self.kill();
-        self.spawn().await;
+        assert!(
+            self.spawn().await,
+            "port {} was taken by another test's etcd",
+            self.client_port
+        );
     }
 }
 
