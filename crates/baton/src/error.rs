@@ -40,14 +40,14 @@ pub enum Error {
         /// Why it was rejected.
         reason: &'static str,
     },
-    /// The backend could not be reached.
+    /// The backend could not be reached. Always retryable.
     #[error("cannot reach {backend}{}: {detail}", at(endpoints))]
     Unreachable {
         /// Backend kind, such as "etcd".
         backend: &'static str,
         /// The endpoints tried (empty when the failure came from an established client).
         endpoints: String,
-        /// The underlying error.
+        /// The underlying error, in one line.
         detail: String,
     },
     /// A request did not complete in time.
@@ -58,15 +58,22 @@ pub enum Error {
         /// How long we waited.
         after_ms: u64,
     },
-    /// The backend answered with an error.
+    /// The backend answered with an error. The backend classifies it: `retryable` when the
+    /// same request may succeed later (the server is overloaded, a leader election is under
+    /// way), not when retrying cannot help (permission denied, an invalid request).
     #[error("{backend} error during {operation}: {detail}")]
     Backend {
         /// Backend kind.
         backend: &'static str,
         /// What was being done.
         operation: &'static str,
-        /// The backend's message.
+        /// The backend's message, in one line.
         detail: String,
+        /// Whether the same request may succeed later.
+        retryable: bool,
+        /// The client library's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
     },
     /// The campaign ended before leadership was gained.
     #[error("campaign ended before leadership was gained: {0}")]
@@ -114,6 +121,9 @@ pub enum Error {
     Closed,
 }
 
+/// A client library's error, kept as the source of an [`Error::Backend`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// " at ENDPOINTS", when they are known.
 fn at(endpoints: &str) -> String {
     if endpoints.is_empty() {
@@ -126,10 +136,24 @@ fn at(endpoints: &str) -> String {
 impl Error {
     /// Whether the same call may succeed later without any change.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            Error::Unreachable { .. } | Error::Timeout { .. } | Error::Backend { .. }
-        )
+        match self {
+            Error::Unreachable { .. } | Error::Timeout { .. } => true,
+            Error::Backend { retryable, .. } => *retryable,
+            _ => false,
+        }
+    }
+
+    /// A protocol error of baton's own making (the server's answer broke an invariant): not
+    /// retryable as such, no source.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) fn protocol(backend: &'static str, operation: &'static str, detail: &str) -> Error {
+        Error::Backend {
+            backend,
+            operation,
+            detail: detail.to_string(),
+            retryable: false,
+            source: None,
+        }
     }
 }
 

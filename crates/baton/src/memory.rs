@@ -686,6 +686,8 @@ impl Queue for MemoryBackend {
                 backend: "memory",
                 operation: "create candidate entry",
                 detail: "requested lease not found".into(),
+                retryable: true,
+                source: None,
             });
         }
         if let Some(position) = state.position_of(entry) {
@@ -698,6 +700,8 @@ impl Queue for MemoryBackend {
                 backend: "memory",
                 operation: "create candidate entry",
                 detail: "the entry exists with another lease".into(),
+                retryable: true,
+                source: None,
             });
         }
         let id_key = (entrant.election.clone(), entrant.id.clone());

@@ -86,11 +86,11 @@ impl EtcdFencer {
             });
         }
         let Some(TxnOpResponse::Txn(inner)) = response.op_responses().into_iter().next() else {
-            return Err(Error::Backend {
-                backend: "etcd",
-                operation: "fenced transaction",
-                detail: "the answer lacks the nested transaction".into(),
-            });
+            return Err(Error::protocol(
+                "etcd",
+                "fenced transaction",
+                "the answer lacks the nested transaction",
+            ));
         };
         let values = inner
             .op_responses()

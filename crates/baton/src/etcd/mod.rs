@@ -85,6 +85,25 @@ fn backend_error(operation: &'static str, error: etcd_client::Error) -> Error {
         backend: "etcd",
         operation,
         detail: root_cause(&error),
+        retryable: retryable(&error),
+        source: Some(Box::new(error)),
+    }
+}
+
+/// Whether the same request may succeed later: etcd's transient answers (overload, a leader
+/// election under way, a request cut short) are; refusals of the request itself are not.
+fn retryable(error: &etcd_client::Error) -> bool {
+    // gRPC status codes: CANCELLED 1, UNKNOWN 2, DEADLINE_EXCEEDED 4, RESOURCE_EXHAUSTED 8,
+    // ABORTED 10, INTERNAL 13, UNAVAILABLE 14 are transient; INVALID_ARGUMENT, NOT_FOUND,
+    // PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED and the rest are not.
+    const TRANSIENT: [i32; 7] = [1, 2, 4, 8, 10, 13, 14];
+    match error {
+        etcd_client::Error::GRpcStatus(status) => TRANSIENT.contains(&(status.code() as i32)),
+        etcd_client::Error::InvalidArgs(_)
+        | etcd_client::Error::InvalidUri(_)
+        | etcd_client::Error::InvalidMetadataValue(_)
+        | etcd_client::Error::Utf8Error(_) => false,
+        _ => true,
     }
 }
 
@@ -610,6 +629,24 @@ impl Connection for EtcdBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each backend classifies its errors: transient answers are retryable, refusals of the
+    /// request are not, a broken connection is `Unreachable`; the client's error stays the
+    /// source.
+    #[test]
+    fn errors_are_classified_and_keep_their_source() {
+        let status = |code| etcd_client::Error::GRpcStatus(tonic::Status::new(code, "x"));
+        let error = backend_error("put", status(tonic::Code::PermissionDenied));
+        assert!(!error.is_retryable(), "{error:?}");
+        assert!(std::error::Error::source(&error).is_some());
+        let error = backend_error("put", status(tonic::Code::InvalidArgument));
+        assert!(!error.is_retryable(), "{error:?}");
+        let error = backend_error("put", status(tonic::Code::ResourceExhausted));
+        assert!(error.is_retryable(), "{error:?}");
+        let error = backend_error("put", status(tonic::Code::Unavailable));
+        assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
+        assert!(error.is_retryable());
+    }
 
     #[test]
     fn ttl_above_etcds_maximum_or_fractional_is_refused() {

@@ -128,6 +128,8 @@ impl Queue for EtcdBackend {
             backend: "etcd",
             operation: "create candidate key",
             detail: "the candidate id entry keeps changing".into(),
+            retryable: true,
+            source: None,
         })
     }
 
@@ -250,6 +252,8 @@ impl EtcdBackend {
             backend: "etcd",
             operation: "create candidate key",
             detail: "the key exists with another lease".into(),
+            retryable: true,
+            source: None,
         })
     }
 
