@@ -735,6 +735,13 @@ impl<Q: Queue> CandidateDriver<Q> {
         loop {
             match self.try_find_predecessor(position).await {
                 Ok(Some(found)) => {
+                    if self.lease_over() {
+                        // Our entry goes with the lease at the server, perhaps already: the
+                        // core hears of the expiry first, so it never elects on a stale read
+                        // (say, one answered just before a pause longer than the TTL).
+                        self.core.handle_lease_expired();
+                        return;
+                    }
                     let ahead = found.as_ref().map(|(_, p)| *p);
                     self.predecessor = found;
                     self.core.handle_predecessor(ahead);
@@ -802,20 +809,9 @@ impl<Q: Queue> CandidateDriver<Q> {
     }
 
     fn elected(&mut self, token: u64) {
-        if self.lease_over() {
-            // Elected from a buffered event after our lease ran out (say, after a pause):
-            // the entry may already be gone at the server and a rival leading. Never announce
-            // it.
-            if !self.config.requeue {
-                let _ = self
-                    .leaderships
-                    .try_send(Box::new(Err(Error::CampaignLost(LossReason::LeaseExpired))));
-            }
-            self.core.handle_lease_expired();
-            return;
-        }
+        // The core elects only right after `find_predecessor` saw our lease live and our entry
+        // first, within this same step: nothing can have run in between.
         let (Some(lease), Some(own)) = (self.lease.as_ref(), self.own.as_ref()) else {
-            // The core elects only after our entry was created under a lease.
             self.core.handle_backend_failed();
             return;
         };

@@ -427,6 +427,15 @@ impl MemoryStore {
         positions.len()
     }
 
+    /// Breaks every deletion watch (as a connection reset or a compaction would): the
+    /// candidates must find out afresh where they stand.
+    pub fn break_watches(&self) {
+        let watchers = std::mem::take(&mut self.store.lock().watchers);
+        for watcher in watchers {
+            let _ = watcher.fired.send(Fired::Broken);
+        }
+    }
+
     /// Ends every lease now, as if their TTLs had run out.
     pub fn expire_leases(&self) {
         let mut state = self.store.lock();
@@ -1038,5 +1047,179 @@ impl Connection for MemoryBackend {
         _limit: Duration,
     ) -> BoxFuture<'a, Result<FencedTxnResponse>> {
         Box::pin(async move { self.fenced(election, token, txn) })
+    }
+}
+
+/// The driver's paths under tokio's paused clock: time moves only when every task waits, so
+/// each run is deterministic and takes no real time.
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use baton_core::LossReason;
+    use tokio::time::Instant;
+
+    use super::MemoryStore;
+    use crate::{Backend, Election, ElectionConfig, Error};
+
+    fn config(ttl_ms: u64) -> ElectionConfig {
+        ElectionConfig::default().with_ttl(Duration::from_millis(ttl_ms))
+    }
+
+    async fn connect(name: &str) -> Backend {
+        Backend::connect(&format!("memory://{name}")).await.unwrap()
+    }
+
+    /// The store is cut off while A leads and B waits: A stops at its local deadline, before
+    /// the store expires A's lease; B leads only after that expiry (and after the store is
+    /// back), never while A may still act.
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_ends_the_leader_before_its_lease_expires_and_the_waiter_wins_after() {
+        let store = MemoryStore::open("paused-outage");
+        let (a, b) = (
+            connect("paused-outage").await,
+            connect("paused-outage").await,
+        );
+        let ttl = 1_000;
+        let leader = Election::new(&a, "e", config(ttl))
+            .unwrap()
+            .campaign("a")
+            .await
+            .unwrap();
+        let waiter = Election::new(&b, "e", config(ttl).with_requeue(true)).unwrap();
+        let mut candidacy = waiter.candidacy("b").unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let cut = Instant::now();
+        store.set_unreachable(true);
+        let reason = leader.lost().await;
+        let lost_after = cut.elapsed();
+        assert_eq!(reason, LossReason::LeaseExpired);
+        // Drift 1% and margin 100 ms off the TTL, counted from the last acknowledged send,
+        // which was before the cut.
+        assert!(
+            lost_after < Duration::from_millis(ttl - 100),
+            "{lost_after:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        store.set_unreachable(false);
+        let next = candidacy.next().await.unwrap();
+        let won_after = cut.elapsed();
+        assert!(next.token() > leader.token());
+        assert!(won_after > Duration::from_millis(ttl), "{won_after:?}");
+        assert!(won_after > lost_after);
+        next.resign().await;
+        candidacy.resign().await;
+    }
+
+    /// A requeueing candidacy during a long outage retries at a bounded rate, then leads once
+    /// the store answers.
+    #[tokio::test(start_paused = true)]
+    async fn requeue_during_an_outage_retries_at_a_bounded_rate() {
+        let store = MemoryStore::open("paused-retry");
+        let backend = connect("paused-retry").await;
+        store.set_unreachable(true);
+        let election = Election::new(&backend, "e", config(1_000).with_requeue(true)).unwrap();
+        let mut candidacy = election.candidacy("a").unwrap();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let requests = backend.stats().requests;
+        // One attempt (a lease grant) every 200 ms: about 50 in 10 s.
+        assert!((20..=80).contains(&requests), "{requests} requests in 10 s");
+        store.set_unreachable(false);
+        let leadership = candidacy.next().await.unwrap();
+        assert!(leadership.is_leading());
+        leadership.resign().await;
+        candidacy.resign().await;
+    }
+
+    /// Resigning while the store cannot be reached returns promptly; the lease stops being
+    /// renewed, so the entry goes with it at the store and the next candidate leads after the
+    /// TTL.
+    #[tokio::test(start_paused = true)]
+    async fn resigning_during_an_outage_returns_promptly_and_lets_the_lease_lapse() {
+        let store = MemoryStore::open("paused-resign");
+        let (a, b) = (
+            connect("paused-resign").await,
+            connect("paused-resign").await,
+        );
+        let leader = Election::new(&a, "e", config(1_000))
+            .unwrap()
+            .campaign("a")
+            .await
+            .unwrap();
+        store.set_unreachable(true);
+        let started = Instant::now();
+        leader.resign().await;
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        let renewals = a.stats().renewals;
+        store.set_unreachable(false);
+        let next = Election::new(&b, "e", config(1_000))
+            .unwrap()
+            .campaign("b")
+            .await
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(900));
+        assert_eq!(
+            a.stats().renewals,
+            renewals,
+            "renewals went on for a resigned lease"
+        );
+        next.resign().await;
+    }
+
+    /// Broken watches (a connection reset, a compaction) are rebuilt from a fresh read: the
+    /// waiter is still woken, once, by the leader's resign, and the leader still hears of its
+    /// entry being deleted.
+    #[tokio::test(start_paused = true)]
+    async fn broken_watches_are_rebuilt() {
+        let store = MemoryStore::open("paused-broken");
+        let (a, b) = (
+            connect("paused-broken").await,
+            connect("paused-broken").await,
+        );
+        let leader = Election::new(&a, "e", config(1_000))
+            .unwrap()
+            .campaign("a")
+            .await
+            .unwrap();
+        let waiter = Election::new(&b, "e", config(1_000)).unwrap();
+        let task = tokio::spawn(async move { waiter.campaign("b").await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        store.break_watches();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!task.is_finished(), "the waiter led on a broken watch");
+        let wakeups = b.stats().wakeups;
+        leader.resign().await;
+        let next = task.await.unwrap().unwrap();
+        assert_eq!(b.stats().wakeups, wakeups + 1);
+        // The new leader's own watch was rebuilt too: a deletion behind its back is a loss.
+        store.break_watches();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(store.delete_leader("e"));
+        assert_eq!(next.lost().await, LossReason::KeyDeleted);
+    }
+
+    /// A create whose reply is lost is adopted (one entry), and one that fails outright
+    /// without requeue reaches the caller as the error it was.
+    #[tokio::test(start_paused = true)]
+    async fn lost_replies_and_failed_creates() {
+        let store = MemoryStore::open("paused-lost");
+        let backend = connect("paused-lost").await;
+        let election = Election::new(&backend, "e", config(1_000).with_requeue(true)).unwrap();
+        store.lose_replies(1);
+        let mut candidacy = election.candidacy("a").unwrap();
+        let leadership = candidacy.next().await.unwrap();
+        assert_eq!(election.participants().await.unwrap().len(), 1);
+        leadership.resign().await;
+        candidacy.resign().await;
+        store.set_unreachable(true);
+        let single = Election::new(&backend, "f", config(1_000)).unwrap();
+        let error = single.campaign("a").await.unwrap_err();
+        assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
+        store.set_unreachable(false);
+        assert!(single.participants().await.unwrap().is_empty());
     }
 }
