@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::election::{CandidateSpec, Command, GuardContext, Leadership, Status};
 use crate::error::{Error, Result};
-use crate::session::{LeaseHandle, LeaseView};
+use crate::lease_driver::{LeaseHandle, LeaseView};
 use crate::stats::Stats;
 
 /// Pause between attempts when a requeueing candidate hits a backend error.
@@ -38,8 +38,8 @@ pub(crate) trait QueueLease: Send + Sync + Debug + 'static {
 /// Why a deletion watch fired.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Fired<E> {
-    /// The entry was deleted; `revision` is the position of the incarnation deleted.
-    Deleted { entry: E, revision: u64 },
+    /// The entry was deleted; `position` is that of the incarnation deleted.
+    Deleted { entry: E, position: u64 },
     /// The watch can no longer be trusted (connection lost, history compacted): the driver
     /// finds out afresh where it stands.
     Broken,
@@ -431,7 +431,7 @@ impl<Q: Queue> CandidateDriver<Q> {
                     // The watch that fired is spent.
                     if ours {
                         self.own_watch = None;
-                        self.core.handle_key_deleted();
+                        self.core.handle_entry_deleted();
                     } else {
                         self.predecessor_watch = None;
                         if self
@@ -448,7 +448,7 @@ impl<Q: Queue> CandidateDriver<Q> {
                 Wake::Abandoned => self.core.resign(),
             }
         }
-        // Drain the last actions (the DeleteKey of a resign) before acknowledging.
+        // Drain the last actions (the DeleteEntry of a resign) before acknowledging.
         while let Some(action) = self.core.poll_action() {
             Box::pin(self.perform(action)).await;
         }
@@ -511,7 +511,7 @@ impl<Q: Queue> CandidateDriver<Q> {
         };
         let own = &mut self.own_watch;
         let predecessor = &mut self.predecessor_watch;
-        let has_entry = self.core.own_revision().is_some();
+        let has_entry = self.core.own_position().is_some();
         let deleted = async {
             let Some(own) = own.as_mut() else {
                 if has_entry {
@@ -532,7 +532,7 @@ impl<Q: Queue> CandidateDriver<Q> {
                 fired = predecessor_fired => fired,
             };
             match fired {
-                Fired::Deleted { entry, revision } => Wake::Deleted(entry, revision),
+                Fired::Deleted { entry, position } => Wake::Deleted(entry, position),
                 Fired::Broken => Wake::WatchBroken,
             }
         };
@@ -564,12 +564,12 @@ impl<Q: Queue> CandidateDriver<Q> {
     async fn recheck(&mut self) {
         self.drop_watches();
         tokio::time::sleep(RETRY_PAUSE).await;
-        let (Some(position), Some(own)) = (self.core.own_revision(), self.own.clone()) else {
+        let (Some(position), Some(own)) = (self.core.own_position(), self.own.clone()) else {
             return;
         };
         let at = match self.queue.confirm(&own, position).await {
             Ok(Some(at)) => at,
-            Ok(None) => return self.core.handle_key_deleted(),
+            Ok(None) => return self.core.handle_entry_deleted(),
             Err(_) => return,
         };
         if self.open_own_watch(&own, at).await.is_err() {
@@ -589,23 +589,23 @@ impl<Q: Queue> CandidateDriver<Q> {
 
     async fn perform(&mut self, action: CandidateAction) {
         match action {
-            CandidateAction::CreateKey => self.create_entry().await,
-            CandidateAction::FindPredecessor { own_revision } => {
-                self.find_predecessor(own_revision).await
+            CandidateAction::CreateEntry => self.create_entry().await,
+            CandidateAction::FindPredecessor { own_position } => {
+                self.find_predecessor(own_position).await
             }
-            CandidateAction::WatchPredecessor { revision } => {
+            CandidateAction::WatchPredecessor { position } => {
                 // The watch was placed in find_predecessor; nothing more to do here.
                 debug_assert!(self
                     .predecessor
                     .as_ref()
-                    .is_some_and(|(_, p)| *p == revision));
+                    .is_some_and(|(_, p)| *p == position));
             }
             CandidateAction::Elected { token } => self.elected(token),
             CandidateAction::Lost {
                 reason,
                 was_leading,
             } => self.lost(reason, was_leading),
-            CandidateAction::DeleteKey { revision } => self.delete_entry(revision).await,
+            CandidateAction::DeleteEntry { position } => self.delete_entry(position).await,
         }
     }
 
@@ -639,7 +639,7 @@ impl<Q: Queue> CandidateDriver<Q> {
                     self.failures = 0;
                     self.create_uncertain = false;
                     self.created_position = position;
-                    self.core.handle_key_created(position);
+                    self.core.handle_entry_created(position);
                     return;
                 }
                 Err(error) => {
@@ -748,7 +748,7 @@ impl<Q: Queue> CandidateDriver<Q> {
                     return;
                 }
                 Ok(None) => {
-                    self.core.handle_key_deleted();
+                    self.core.handle_entry_deleted();
                     return;
                 }
                 Err(error) => {

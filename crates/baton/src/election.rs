@@ -10,8 +10,8 @@ use crate::backend::{Backend, Fencer};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedTxn, FencedTxnResponse};
 use crate::health::LeaseHealth;
+use crate::lease_driver::{LeaseView, LeaseWatch};
 use crate::runner::Runner;
-use crate::session::{LeaseView, LeaseWatch};
 use crate::url::is_reserved;
 
 /// Bound on a fenced operation, as on every other request.

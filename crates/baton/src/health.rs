@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::session::LeaseWatch;
+use crate::lease_driver::LeaseWatch;
 
 /// The lease under a [`Leadership`](crate::Leadership), as a health check sees it: whether it
 /// is live, and how long renewals have gone unacknowledged. From

@@ -26,10 +26,10 @@ mod error;
 mod etcd;
 mod fenced;
 mod health;
+mod lease_driver;
 mod memory;
 pub mod metrics;
 mod runner;
-mod session;
 mod stats;
 mod url;
 

@@ -26,7 +26,7 @@ use crate::driver::{
 use crate::election::{CandidateSpec, Command, GuardContext, LeaderInfo, Leadership, Observed};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
-use crate::session::{start_lease, LeaseHandle, LeaseTransport};
+use crate::lease_driver::{start_lease, LeaseHandle, LeaseTransport};
 use crate::stats::Stats;
 
 /// What in-memory leases can be: from 10 ms, in whole milliseconds.
@@ -186,7 +186,7 @@ impl State {
         for watcher in fire {
             let _ = watcher.fired.send(Fired::Deleted {
                 entry: entry.clone(),
-                revision: position,
+                position,
             });
         }
         self.deletions.push_back(Deletion {
@@ -332,7 +332,7 @@ fn describe(position: u64, record: &Record) -> LeaderInfo {
 /// // The leader's entry is deleted behind its back (an operator's `del`):
 /// MemoryStore::open("doc-example").delete_leader("cron");
 /// let reason = leadership.lost().await;
-/// assert_eq!(reason, baton::LossReason::KeyDeleted);
+/// assert_eq!(reason, baton::LossReason::EntryDeleted);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -796,7 +796,7 @@ impl Queue for MemoryBackend {
             // Deleted after the read point, before the watch: replayed, not missed.
             let _ = tx.send(Fired::Deleted {
                 entry: entry.clone(),
-                revision: deletion.position,
+                position: deletion.position,
             });
         } else {
             state.watchers.push(Watcher {
@@ -1199,7 +1199,7 @@ mod tests {
         store.break_watches();
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(store.delete_leader("e"));
-        assert_eq!(next.lost().await, LossReason::KeyDeleted);
+        assert_eq!(next.lost().await, LossReason::EntryDeleted);
     }
 
     /// A create whose reply is lost is adopted (one entry), and one that fails outright

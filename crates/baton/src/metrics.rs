@@ -14,7 +14,7 @@
 //! | `baton_deadline_remaining_seconds` | gauge | `election` | time left to the local deadline while leading, as of the last renewal; 0 when not leading |
 //! | `baton_backend_errors_total` | counter | `operation` | failed backend requests (errors and timeouts) |
 //!
-//! `reason` is one of `lease_expired`, `key_deleted`, `backend_failed`, `token_regressed`
+//! `reason` is one of `lease_expired`, `entry_deleted`, `backend_failed`, `token_regressed`
 //! (see [`LossReason`]); `operation` names the request, such as `create candidate key`,
 //! `find predecessor`, `lease keepalive` or `watch`.
 //!
@@ -53,7 +53,7 @@ pub const BACKEND_ERRORS: &str = "baton_backend_errors_total";
 pub fn reason_label(reason: LossReason) -> &'static str {
     match reason {
         LossReason::LeaseExpired => "lease_expired",
-        LossReason::KeyDeleted => "key_deleted",
+        LossReason::EntryDeleted => "entry_deleted",
         LossReason::BackendFailed => "backend_failed",
         LossReason::TokenRegressed => "token_regressed",
     }
@@ -169,7 +169,7 @@ pub(crate) struct Term {
 
 impl Term {
     /// A term of `election` begins under `lease`.
-    pub(crate) fn begin(election: &str, lease: &crate::session::LeaseWatch) -> Term {
+    pub(crate) fn begin(election: &str, lease: &crate::lease_driver::LeaseWatch) -> Term {
         let deadline = &lease.record.deadlines;
         ::metrics::counter!(LEADERSHIP_TRANSITIONS, "election" => election.to_string())
             .increment(1);
@@ -198,7 +198,7 @@ mod tests {
     #[test]
     fn reasons_are_snake_case() {
         assert_eq!(reason_label(LossReason::LeaseExpired), "lease_expired");
-        assert_eq!(reason_label(LossReason::KeyDeleted), "key_deleted");
+        assert_eq!(reason_label(LossReason::EntryDeleted), "entry_deleted");
         assert_eq!(reason_label(LossReason::BackendFailed), "backend_failed");
         assert_eq!(reason_label(LossReason::TokenRegressed), "token_regressed");
     }

@@ -176,11 +176,11 @@ async fn leadership_renewals_losses_and_backend_errors_are_recorded() {
 
     delete_leader_key(&name).await;
     let reason = within("loss", Duration::from_secs(5), first.lost()).await;
-    assert_eq!(reason, LossReason::KeyDeleted);
+    assert_eq!(reason, LossReason::EntryDeleted);
     recorded.gauge_becomes(IS_LEADER, &this, 0.0).await;
     recorded.gauge_becomes(DEADLINE_REMAINING, &this, 0.0).await;
-    let key_deleted = [("election", name.as_str()), ("reason", "key_deleted")];
-    assert_eq!(recorded.counter(LOSSES, &key_deleted), 1);
+    let entry_deleted = [("election", name.as_str()), ("reason", "entry_deleted")];
+    assert_eq!(recorded.counter(LOSSES, &entry_deleted), 1);
     drop(first);
 
     // A handoff between two candidacies of this process: whichever driver runs first, the
@@ -207,7 +207,7 @@ async fn leadership_renewals_losses_and_backend_errors_are_recorded() {
         .unwrap();
     recorded.gauge_becomes(IS_LEADER, &this, 1.0).await;
     assert_eq!(recorded.counter(LEADERSHIP_TRANSITIONS, &this), 3);
-    let total_losses: u64 = ["lease_expired", "key_deleted", "backend_failed"]
+    let total_losses: u64 = ["lease_expired", "entry_deleted", "backend_failed"]
         .iter()
         .map(|reason| recorded.counter(LOSSES, &[("election", &name), ("reason", reason)]))
         .sum();

@@ -159,9 +159,9 @@ fn leadership_moves_between_two_nodes_in_their_metrics_and_leader_json() {
         Some(1.0)
     );
     let a_metrics = wait_series(a_address, "baton_is_leader", &this, 0.0);
-    let key_deleted = [("election", election.as_str()), ("reason", "key_deleted")];
+    let entry_deleted = [("election", election.as_str()), ("reason", "entry_deleted")];
     assert_eq!(
-        series(&a_metrics, "baton_losses_total", &key_deleted),
+        series(&a_metrics, "baton_losses_total", &entry_deleted),
         Some(1.0)
     );
     let a_metrics = wait_series(a_address, "baton_run_command_running", &this, 0.0);

@@ -1,8 +1,8 @@
 //! One campaign in one election: create a key, queue behind the predecessor, lead, lose, resign.
 //!
 //! The recipe is the one every backend shares. Each candidate owns one entry (etcd key,
-//! ZooKeeper sequential znode) whose *revision* orders the queue; the leader is the entry with
-//! the lowest revision, and its revision is the fencing token. A waiter watches only the entry
+//! ZooKeeper sequential znode) whose *position* orders the queue; the leader is the entry with
+//! the lowest position, and its position is the fencing token. A waiter watches only the entry
 //! immediately ahead of it, so a handoff wakes exactly one waiter (no herd). The lease that keeps
 //! entries alive lives in [`crate::LeaseCore`]; this core only hears that it expired.
 //!
@@ -17,10 +17,10 @@ pub enum LossReason {
     /// The lease reached its local deadline or vanished at the server.
     LeaseExpired,
     /// Our own key was deleted by someone else.
-    KeyDeleted,
+    EntryDeleted,
     /// The backend failed in a way we could not recover from.
     BackendFailed,
-    /// Our new entry's revision is not above a token this election already issued: the
+    /// Our new entry's position is not above a token this election already issued: the
     /// backend's history went backwards (restored from an older snapshot, or wiped). Final even
     /// with requeue, since every new entry would get a low token too.
     TokenRegressed,
@@ -30,7 +30,7 @@ impl std::fmt::Display for LossReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             LossReason::LeaseExpired => "lease expired",
-            LossReason::KeyDeleted => "leader key deleted",
+            LossReason::EntryDeleted => "leader entry deleted",
             LossReason::BackendFailed => "backend failed",
             LossReason::TokenRegressed => {
                 "fencing token went backwards (the backend was restored from an older snapshot \
@@ -44,22 +44,22 @@ impl std::fmt::Display for LossReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Create this candidate's entry under the election, bound to the current lease.
-    CreateKey,
-    /// Look up the entry immediately ahead of ours (the highest revision below `own_revision`)
+    CreateEntry,
+    /// Look up the entry immediately ahead of ours (the highest position below `own_position`)
     /// and answer with [`Candidate::handle_predecessor`].
     FindPredecessor {
-        /// Our entry's revision.
-        own_revision: u64,
+        /// Our entry's position.
+        own_position: u64,
     },
-    /// Wait until the entry with this revision is deleted, then call
+    /// Wait until the entry with this position is deleted, then call
     /// [`Candidate::handle_predecessor_deleted`]. Also report our own entry's deletion.
     WatchPredecessor {
-        /// The predecessor's revision.
-        revision: u64,
+        /// The predecessor's position.
+        position: u64,
     },
     /// We lead. Start acting, with `token` on every action.
     Elected {
-        /// The fencing token: our entry's revision.
+        /// The fencing token: our entry's position.
         token: u64,
     },
     /// Leadership or candidacy ended. Stop acting at once.
@@ -69,10 +69,10 @@ pub enum Action {
         /// Whether we were leading (rather than still waiting).
         was_leading: bool,
     },
-    /// Delete our entry with this revision (resign, or clean up after a loss).
-    DeleteKey {
-        /// The revision of the entry to delete.
-        revision: u64,
+    /// Delete our entry with this position (resign, or clean up after a loss).
+    DeleteEntry {
+        /// The position of the entry to delete.
+        position: u64,
     },
 }
 
@@ -85,19 +85,19 @@ pub enum CandidateState {
     Creating,
     /// Entry created; looking for the predecessor.
     Positioning {
-        /// Our revision.
-        own_revision: u64,
+        /// Our position.
+        own_position: u64,
     },
     /// Waiting for the predecessor to go.
     Queued {
-        /// Our revision.
-        own_revision: u64,
+        /// Our position.
+        own_position: u64,
         /// The entry ahead of us.
         predecessor: u64,
     },
     /// Leading.
     Leading {
-        /// Our revision, the fencing token.
+        /// Our position, the fencing token.
         token: u64,
     },
     /// Lost and not requeueing. Terminal.
@@ -110,7 +110,7 @@ pub enum CandidateState {
 ///
 /// Call order: [`Candidate::campaign`]; then answer each [`Action`] with the matching
 /// `handle_*` input (tokens of this election seen elsewhere go in with
-/// [`Candidate::handle_token_seen`] before a `CreateKey` is sent); report lease expiry with
+/// [`Candidate::handle_token_seen`] before a `CreateEntry` is sent); report lease expiry with
 /// [`Candidate::handle_lease_expired`]; end with [`Candidate::resign`]. Drain
 /// [`Candidate::poll_action`] after every call. Time does not enter this core: deadlines belong
 /// to [`crate::LeaseCore`].
@@ -119,7 +119,7 @@ pub struct Candidate {
     requeue: bool,
     state: CandidateState,
     /// The highest token this election is known to have issued: ours, or one seen elsewhere.
-    /// Every entry created later must have a higher revision.
+    /// Every entry created later must have a higher position.
     last_token: Option<u64>,
     actions: VecDeque<Action>,
 }
@@ -150,11 +150,11 @@ impl Candidate {
         }
     }
 
-    /// The revision of our entry while one exists (positioning, queued or leading).
-    pub fn own_revision(&self) -> Option<u64> {
+    /// The position of our entry while one exists (positioning, queued or leading).
+    pub fn own_position(&self) -> Option<u64> {
         match self.state {
-            CandidateState::Positioning { own_revision }
-            | CandidateState::Queued { own_revision, .. } => Some(own_revision),
+            CandidateState::Positioning { own_position }
+            | CandidateState::Queued { own_position, .. } => Some(own_position),
             CandidateState::Leading { token } => Some(token),
             _ => None,
         }
@@ -185,8 +185,8 @@ impl Candidate {
     /// Gives up: deletes our entry (if any) and ends the candidacy. No `Lost` is emitted: the
     /// caller asked for this.
     pub fn resign(&mut self) {
-        if let Some(revision) = self.own_revision() {
-            self.actions.push_back(Action::DeleteKey { revision });
+        if let Some(position) = self.own_position() {
+            self.actions.push_back(Action::DeleteEntry { position });
         }
         if !self.is_finished() {
             self.state = CandidateState::Resigned;
@@ -202,7 +202,7 @@ impl Candidate {
         }
         if let CandidateState::Leading { token } = self.state {
             self.actions
-                .push_back(Action::DeleteKey { revision: token });
+                .push_back(Action::DeleteEntry { position: token });
             self.become_creating();
         }
     }
@@ -217,75 +217,75 @@ impl Candidate {
     // Inputs.
 
     /// A leader of this election held `token` (seen by another candidacy of this process, say).
-    /// Only tokens seen before the current `CreateKey` request was sent may be reported: the
-    /// entry it creates must then have a higher revision, or the backend went backwards.
+    /// Only tokens seen before the current `CreateEntry` request was sent may be reported: the
+    /// entry it creates must then have a higher position, or the backend went backwards.
     pub fn handle_token_seen(&mut self, token: u64) {
         self.last_token = self.last_token.max(Some(token));
     }
 
-    /// Our entry exists with `revision`.
-    pub fn handle_key_created(&mut self, revision: u64) {
+    /// Our entry exists with `position`.
+    pub fn handle_entry_created(&mut self, position: u64) {
         if self.state != CandidateState::Creating {
             // Resigned meanwhile: remove what was just created.
             if self.is_finished() {
-                self.actions.push_back(Action::DeleteKey { revision });
+                self.actions.push_back(Action::DeleteEntry { position });
             }
             return;
         }
-        if self.last_token.is_some_and(|last| revision <= last) {
-            // A healthy backend gives a new entry a revision above every token issued before.
-            return self.become_regressed(revision);
+        if self.last_token.is_some_and(|last| position <= last) {
+            // A healthy backend gives a new entry a position above every token issued before.
+            return self.become_regressed(position);
         }
-        self.become_positioning(revision);
+        self.become_positioning(position);
     }
 
     /// The entry ahead of ours, or `None` when ours is the lowest.
     pub fn handle_predecessor(&mut self, predecessor: Option<u64>) {
-        let CandidateState::Positioning { own_revision } = self.state else {
+        let CandidateState::Positioning { own_position } = self.state else {
             return;
         };
         match predecessor {
-            None => self.become_leading(own_revision),
+            None => self.become_leading(own_position),
             // A "predecessor" newer than us can only come from a server that breaks the
             // protocol: never lead on such an answer.
-            Some(predecessor) if predecessor >= own_revision => {
+            Some(predecessor) if predecessor >= own_position => {
                 self.become_lost(LossReason::BackendFailed, true);
             }
             Some(predecessor) => {
                 self.state = CandidateState::Queued {
-                    own_revision,
+                    own_position,
                     predecessor,
                 };
                 self.actions.push_back(Action::WatchPredecessor {
-                    revision: predecessor,
+                    position: predecessor,
                 });
             }
         }
     }
 
-    /// The predecessor with `revision` was deleted: look again (another may now be ahead).
-    pub fn handle_predecessor_deleted(&mut self, revision: u64) {
+    /// The predecessor with `position` was deleted: look again (another may now be ahead).
+    pub fn handle_predecessor_deleted(&mut self, position: u64) {
         if let CandidateState::Queued {
-            own_revision,
+            own_position,
             predecessor,
         } = self.state
         {
-            if predecessor == revision {
-                self.become_positioning(own_revision);
+            if predecessor == position {
+                self.become_positioning(own_position);
             }
         }
     }
 
     /// Our own entry was deleted by someone else (or its lease vanished at the server).
-    pub fn handle_key_deleted(&mut self) {
-        if self.own_revision().is_some() || self.state == CandidateState::Creating {
-            self.become_lost(LossReason::KeyDeleted, false);
+    pub fn handle_entry_deleted(&mut self) {
+        if self.own_position().is_some() || self.state == CandidateState::Creating {
+            self.become_lost(LossReason::EntryDeleted, false);
         }
     }
 
     /// The lease expired locally or at the server.
     pub fn handle_lease_expired(&mut self) {
-        if self.own_revision().is_some() || self.state == CandidateState::Creating {
+        if self.own_position().is_some() || self.state == CandidateState::Creating {
             self.become_lost(LossReason::LeaseExpired, true);
         }
     }
@@ -308,17 +308,17 @@ impl Candidate {
 
     fn become_creating(&mut self) {
         self.state = CandidateState::Creating;
-        self.actions.push_back(Action::CreateKey);
+        self.actions.push_back(Action::CreateEntry);
     }
 
-    fn become_positioning(&mut self, own_revision: u64) {
-        self.state = CandidateState::Positioning { own_revision };
+    fn become_positioning(&mut self, own_position: u64) {
+        self.state = CandidateState::Positioning { own_position };
         self.actions
-            .push_back(Action::FindPredecessor { own_revision });
+            .push_back(Action::FindPredecessor { own_position });
     }
 
     fn become_leading(&mut self, token: u64) {
-        // Checked against the server's answer in `handle_key_created` (a typed loss there);
+        // Checked against the server's answer in `handle_entry_created` (a typed loss there);
         // `last_token` only grows before a create, so here it holds by construction.
         debug_assert!(
             self.last_token.is_none_or(|last| token > last),
@@ -329,27 +329,27 @@ impl Candidate {
         self.actions.push_back(Action::Elected { token });
     }
 
-    /// Our new entry's revision is not above an issued token: remove the entry and stop for
+    /// Our new entry's position is not above an issued token: remove the entry and stop for
     /// good, requeue or not (every new entry would get a low token too).
-    fn become_regressed(&mut self, revision: u64) {
+    fn become_regressed(&mut self, position: u64) {
         self.actions.push_back(Action::Lost {
             reason: LossReason::TokenRegressed,
             was_leading: false,
         });
-        self.actions.push_back(Action::DeleteKey { revision });
+        self.actions.push_back(Action::DeleteEntry { position });
         self.state = CandidateState::Lost(LossReason::TokenRegressed);
     }
 
     /// `delete_own`: whether our entry may still exist and should be removed.
     fn become_lost(&mut self, reason: LossReason, delete_own: bool) {
         let was_leading = matches!(self.state, CandidateState::Leading { .. });
-        let own = self.own_revision();
+        let own = self.own_position();
         self.actions.push_back(Action::Lost {
             reason,
             was_leading,
         });
-        if let (true, Some(revision)) = (delete_own, own) {
-            self.actions.push_back(Action::DeleteKey { revision });
+        if let (true, Some(position)) = (delete_own, own) {
+            self.actions.push_back(Action::DeleteEntry { position });
         }
         if self.requeue {
             self.become_creating();
@@ -370,12 +370,12 @@ mod tests {
     fn leading(token: u64) -> Candidate {
         let mut core = Candidate::new(false);
         core.campaign();
-        assert_eq!(drain(&mut core), vec![Action::CreateKey]);
-        core.handle_key_created(token);
+        assert_eq!(drain(&mut core), vec![Action::CreateEntry]);
+        core.handle_entry_created(token);
         assert_eq!(
             drain(&mut core),
             vec![Action::FindPredecessor {
-                own_revision: token
+                own_position: token
             }]
         );
         core.handle_predecessor(None);
@@ -394,12 +394,12 @@ mod tests {
     fn waiter_watches_only_its_predecessor_and_rechecks_on_deletion() {
         let mut core = Candidate::new(false);
         core.campaign();
-        core.handle_key_created(20);
+        core.handle_entry_created(20);
         drain(&mut core);
         core.handle_predecessor(Some(15));
         assert_eq!(
             drain(&mut core),
-            vec![Action::WatchPredecessor { revision: 15 }]
+            vec![Action::WatchPredecessor { position: 15 }]
         );
         // A deletion of some other key is not ours to act on.
         core.handle_predecessor_deleted(11);
@@ -407,13 +407,13 @@ mod tests {
         core.handle_predecessor_deleted(15);
         assert_eq!(
             drain(&mut core),
-            vec![Action::FindPredecessor { own_revision: 20 }]
+            vec![Action::FindPredecessor { own_position: 20 }]
         );
         // A waiter further ahead remains (15 was a waiter that quit): watch it instead.
         core.handle_predecessor(Some(12));
         assert_eq!(
             drain(&mut core),
-            vec![Action::WatchPredecessor { revision: 12 }]
+            vec![Action::WatchPredecessor { position: 12 }]
         );
         core.handle_predecessor_deleted(12);
         drain(&mut core);
@@ -432,15 +432,15 @@ mod tests {
                     reason: LossReason::LeaseExpired,
                     was_leading: true
                 },
-                Action::DeleteKey { revision: 7 }
+                Action::DeleteEntry { position: 7 }
             ]
         );
         assert_eq!(core.state(), CandidateState::Lost(LossReason::LeaseExpired));
         assert!(core.is_finished());
         // Nothing resurrects it.
         core.handle_predecessor(None);
-        core.handle_key_created(9);
-        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 9 }]);
+        core.handle_entry_created(9);
+        assert_eq!(drain(&mut core), vec![Action::DeleteEntry { position: 9 }]);
         assert_eq!(core.token(), None);
     }
 
@@ -448,23 +448,23 @@ mod tests {
     fn own_key_deleted_is_a_loud_loss_even_while_queued() {
         let mut core = Candidate::new(false);
         core.campaign();
-        core.handle_key_created(20);
+        core.handle_entry_created(20);
         core.handle_predecessor(Some(15));
         drain(&mut core);
-        core.handle_key_deleted();
+        core.handle_entry_deleted();
         assert_eq!(
             drain(&mut core),
             vec![Action::Lost {
-                reason: LossReason::KeyDeleted,
+                reason: LossReason::EntryDeleted,
                 was_leading: false
             }]
         );
         let mut core = leading(3);
-        core.handle_key_deleted();
+        core.handle_entry_deleted();
         assert_eq!(
             drain(&mut core),
             vec![Action::Lost {
-                reason: LossReason::KeyDeleted,
+                reason: LossReason::EntryDeleted,
                 was_leading: true
             }]
         );
@@ -474,7 +474,7 @@ mod tests {
     fn resign_deletes_the_key_without_reporting_loss() {
         let mut core = leading(7);
         core.resign();
-        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 7 }]);
+        assert_eq!(drain(&mut core), vec![Action::DeleteEntry { position: 7 }]);
         assert_eq!(core.state(), CandidateState::Resigned);
         core.handle_lease_expired();
         assert_eq!(drain(&mut core), vec![]);
@@ -487,15 +487,15 @@ mod tests {
         drain(&mut core);
         core.resign();
         assert_eq!(drain(&mut core), vec![]);
-        core.handle_key_created(30);
-        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 30 }]);
+        core.handle_entry_created(30);
+        assert_eq!(drain(&mut core), vec![Action::DeleteEntry { position: 30 }]);
     }
 
     #[test]
     fn requeue_campaigns_again_after_loss_and_tokens_increase() {
         let mut core = Candidate::new(true);
         core.campaign();
-        core.handle_key_created(7);
+        core.handle_entry_created(7);
         core.handle_predecessor(None);
         drain(&mut core);
         core.handle_lease_expired();
@@ -506,27 +506,27 @@ mod tests {
                     reason: LossReason::LeaseExpired,
                     was_leading: true
                 },
-                Action::DeleteKey { revision: 7 },
-                Action::CreateKey
+                Action::DeleteEntry { position: 7 },
+                Action::CreateEntry
             ]
         );
         assert_eq!(core.state(), CandidateState::Creating);
-        core.handle_key_created(12);
+        core.handle_entry_created(12);
         core.handle_predecessor(Some(9));
         core.handle_predecessor_deleted(9);
         core.handle_predecessor(None);
         assert_eq!(
             drain(&mut core),
             vec![
-                Action::FindPredecessor { own_revision: 12 },
-                Action::WatchPredecessor { revision: 9 },
-                Action::FindPredecessor { own_revision: 12 },
+                Action::FindPredecessor { own_position: 12 },
+                Action::WatchPredecessor { position: 9 },
+                Action::FindPredecessor { own_position: 12 },
                 Action::Elected { token: 12 }
             ]
         );
         // Resign ends the requeue loop.
         core.resign();
-        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 12 }]);
+        assert_eq!(drain(&mut core), vec![Action::DeleteEntry { position: 12 }]);
         assert!(core.is_finished());
     }
 
@@ -534,27 +534,27 @@ mod tests {
     fn after_stop_requeue_a_step_down_resigns_and_a_loss_is_final() {
         let mut core = Candidate::new(true);
         core.campaign();
-        core.handle_key_created(7);
+        core.handle_entry_created(7);
         core.handle_predecessor(None);
         drain(&mut core);
         core.stop_requeue();
         // The current term goes on.
         assert_eq!(core.state(), CandidateState::Leading { token: 7 });
         core.step_down();
-        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 7 }]);
+        assert_eq!(drain(&mut core), vec![Action::DeleteEntry { position: 7 }]);
         assert_eq!(core.state(), CandidateState::Resigned);
 
         let mut core = Candidate::new(true);
         core.campaign();
-        core.handle_key_created(9);
+        core.handle_entry_created(9);
         core.handle_predecessor(None);
         drain(&mut core);
         core.stop_requeue();
-        core.handle_key_deleted();
+        core.handle_entry_deleted();
         assert_eq!(
             drain(&mut core),
             vec![Action::Lost {
-                reason: LossReason::KeyDeleted,
+                reason: LossReason::EntryDeleted,
                 was_leading: true
             }]
         );
@@ -565,13 +565,13 @@ mod tests {
     fn step_down_with_requeue_campaigns_again_and_without_it_resigns() {
         let mut core = Candidate::new(true);
         core.campaign();
-        core.handle_key_created(7);
+        core.handle_entry_created(7);
         core.handle_predecessor(None);
         drain(&mut core);
         core.step_down();
         assert_eq!(
             drain(&mut core),
-            vec![Action::DeleteKey { revision: 7 }, Action::CreateKey]
+            vec![Action::DeleteEntry { position: 7 }, Action::CreateEntry]
         );
         assert_eq!(core.state(), CandidateState::Creating);
         // Not leading: nothing to step down from.
@@ -580,7 +580,7 @@ mod tests {
 
         let mut core = leading(3);
         core.step_down();
-        assert_eq!(drain(&mut core), vec![Action::DeleteKey { revision: 3 }]);
+        assert_eq!(drain(&mut core), vec![Action::DeleteEntry { position: 3 }]);
         assert_eq!(core.state(), CandidateState::Resigned);
     }
 
@@ -606,7 +606,7 @@ mod tests {
     fn a_predecessor_newer_than_us_is_a_backend_failure_not_a_panic() {
         let mut core = Candidate::new(false);
         core.campaign();
-        core.handle_key_created(20);
+        core.handle_entry_created(20);
         drain(&mut core);
         core.handle_predecessor(Some(25));
         assert_eq!(
@@ -616,7 +616,7 @@ mod tests {
                     reason: LossReason::BackendFailed,
                     was_leading: false
                 },
-                Action::DeleteKey { revision: 20 }
+                Action::DeleteEntry { position: 20 }
             ]
         );
         assert_eq!(
@@ -630,23 +630,23 @@ mod tests {
         // The backend was wiped or restored while we led with 7: the requeued entry gets 5.
         let mut core = Candidate::new(true);
         core.campaign();
-        core.handle_key_created(7);
+        core.handle_entry_created(7);
         core.handle_predecessor(None);
-        core.handle_key_deleted();
+        core.handle_entry_deleted();
         assert_eq!(
             drain(&mut core),
             vec![
-                Action::CreateKey,
-                Action::FindPredecessor { own_revision: 7 },
+                Action::CreateEntry,
+                Action::FindPredecessor { own_position: 7 },
                 Action::Elected { token: 7 },
                 Action::Lost {
-                    reason: LossReason::KeyDeleted,
+                    reason: LossReason::EntryDeleted,
                     was_leading: true
                 },
-                Action::CreateKey
+                Action::CreateEntry
             ]
         );
-        core.handle_key_created(5);
+        core.handle_entry_created(5);
         assert_eq!(
             drain(&mut core),
             vec![
@@ -654,7 +654,7 @@ mod tests {
                     reason: LossReason::TokenRegressed,
                     was_leading: false
                 },
-                Action::DeleteKey { revision: 5 }
+                Action::DeleteEntry { position: 5 }
             ]
         );
         assert_eq!(
@@ -667,20 +667,20 @@ mod tests {
         core.handle_predecessor(None);
         core.handle_lease_expired();
         assert_eq!(drain(&mut core), vec![]);
-        // An equal revision is no increase either.
+        // An equal position is no increase either.
         let mut core = Candidate::new(true);
         core.handle_token_seen(9);
         core.campaign();
-        core.handle_key_created(9);
+        core.handle_entry_created(9);
         assert_eq!(
             drain(&mut core),
             vec![
-                Action::CreateKey,
+                Action::CreateEntry,
                 Action::Lost {
                     reason: LossReason::TokenRegressed,
                     was_leading: false
                 },
-                Action::DeleteKey { revision: 9 }
+                Action::DeleteEntry { position: 9 }
             ]
         );
     }
@@ -692,13 +692,13 @@ mod tests {
         core.handle_token_seen(12);
         assert_eq!(core.highest_token(), Some(40));
         core.campaign();
-        core.handle_key_created(41);
+        core.handle_entry_created(41);
         core.handle_predecessor(None);
         assert_eq!(
             drain(&mut core),
             vec![
-                Action::CreateKey,
-                Action::FindPredecessor { own_revision: 41 },
+                Action::CreateEntry,
+                Action::FindPredecessor { own_position: 41 },
                 Action::Elected { token: 41 }
             ]
         );

@@ -8,7 +8,7 @@ use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 
 use super::{backend_error, request};
 use crate::error::{Error, Result};
-use crate::session::LeaseTransport;
+use crate::lease_driver::LeaseTransport;
 use crate::stats::Stats;
 
 /// Grant and renewals of one etcd lease, over the keepalive stream.

@@ -31,7 +31,7 @@ use crate::driver::{LeasePool, TokenMemory};
 use crate::election::{CandidateSpec, Command, LeaderInfo, Leadership, Observed};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedTxn, FencedTxnResponse};
-use crate::session::{start_lease, LeaseHandle};
+use crate::lease_driver::{start_lease, LeaseHandle};
 use crate::stats::Stats;
 use crate::url::CANDIDATES_MARKER;
 

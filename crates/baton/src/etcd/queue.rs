@@ -13,7 +13,7 @@ use super::{encode, request, request_within, EtcdBackend, EtcdLease, DELETE_TIME
 use crate::driver::{EntryWatch, Fired, Located, Queue, QueueLease, ReadPoint, TokenMemory};
 use crate::election::{CandidateSpec, GuardContext};
 use crate::error::{Error, Result};
-use crate::session::LeaseHandle;
+use crate::lease_driver::LeaseHandle;
 use crate::stats::Stats;
 use crate::url::IDS_MARKER;
 
@@ -139,19 +139,19 @@ impl Queue for EtcdBackend {
         entry: &Vec<u8>,
         position: u64,
     ) -> Result<Located<Vec<u8>>> {
-        let own_revision = i64::try_from(position).unwrap_or(i64::MAX);
+        let own_position = i64::try_from(position).unwrap_or(i64::MAX);
         // In one transaction: is our key still ours, and who is just ahead of it?
         let options = GetOptions::new()
             .with_prefix()
             .with_keys_only()
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(own_revision - 1)
+            .with_max_create_revision(own_position - 1)
             .with_limit(1);
         let txn = Txn::new()
             .when([Compare::create_revision(
                 entry.clone(),
                 CompareOp::Equal,
-                own_revision,
+                own_position,
             )])
             .and_then([TxnOp::get(entrant.scope.clone(), Some(options))]);
         let mut client = self.client.clone();

@@ -294,7 +294,7 @@ pub async fn check_own_key_deleted_is_reported(
     let leadership = election.campaign("a").await.unwrap();
     delete_leader_key(&name).await;
     let reason = within("loss", Duration::from_secs(3), leadership.lost()).await;
-    assert_eq!(reason, LossReason::KeyDeleted);
+    assert_eq!(reason, LossReason::EntryDeleted);
     assert!(!leadership.is_leading());
 }
 
@@ -305,7 +305,7 @@ pub async fn check_lease_revoked_is_reported(url: &str) {
     backend.close().await;
     let reason = within("loss", Duration::from_secs(3), leadership.lost()).await;
     assert!(
-        matches!(reason, LossReason::KeyDeleted | LossReason::LeaseExpired),
+        matches!(reason, LossReason::EntryDeleted | LossReason::LeaseExpired),
         "{reason:?}"
     );
     assert!(!leadership.is_leading());
@@ -390,7 +390,7 @@ pub async fn check_requeue_campaigns_again(url: &str, delete_leader_key: impl As
     let mut candidacy = election.candidacy("a").unwrap();
     let first = candidacy.next().await.unwrap();
     delete_leader_key(&name).await;
-    assert_eq!(first.lost().await, LossReason::KeyDeleted);
+    assert_eq!(first.lost().await, LossReason::EntryDeleted);
     let second = within("requeued", Duration::from_secs(3), candidacy.next())
         .await
         .unwrap();
@@ -644,7 +644,7 @@ pub async fn check_own_and_predecessor_deleted_at_once(
         let deleted_at = delete_all(&name).await;
         assert_eq!(
             within("leader's loss", Duration::from_secs(3), leadership.lost()).await,
-            LossReason::KeyDeleted,
+            LossReason::EntryDeleted,
             "round {round}"
         );
         let (mut candidacy, result) = within("waiter's answer", Duration::from_secs(3), first)
@@ -662,12 +662,12 @@ pub async fn check_own_and_predecessor_deleted_at_once(
             candidacy.resign().await;
         } else {
             match result {
-                Err(Error::CampaignLost(LossReason::KeyDeleted)) => {}
+                Err(Error::CampaignLost(LossReason::EntryDeleted)) => {}
                 Ok(leadership) => panic!(
                     "round {round}: leadership with token {} for an entry deleted at {deleted_at}",
                     leadership.token()
                 ),
-                Err(other) => panic!("round {round}: expected KeyDeleted, got {other:?}"),
+                Err(other) => panic!("round {round}: expected EntryDeleted, got {other:?}"),
             }
             // Nothing more comes from that candidacy.
             let rest = within("end", Duration::from_secs(3), candidacy.next()).await;
@@ -1171,7 +1171,7 @@ pub async fn check_runner_callbacks(url: &str, delete_leader_key: impl AsyncFnOn
         .unwrap();
     assert_eq!(election.leader().await.unwrap(), None);
     let events = events.lock().unwrap().clone();
-    let lost = format!("{:?}", Stopped::Lost(LossReason::KeyDeleted));
+    let lost = format!("{:?}", Stopped::Lost(LossReason::EntryDeleted));
     let at = |what: &str| events.iter().position(|e| e == what);
     let (dropped, lost_at) = (at("job dropped").unwrap(), at(&lost).unwrap());
     assert!(dropped < lost_at, "{events:?}");

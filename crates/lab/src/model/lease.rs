@@ -72,7 +72,7 @@ pub enum Message {
         lease: u64,
     },
     /// Node → service: create this node's key bound to `lease` (idempotent per lease).
-    CreateKey {
+    CreateEntry {
         /// The lease.
         lease: u64,
     },
@@ -87,7 +87,7 @@ pub enum Message {
         revision: u64,
     },
     /// Node → service: delete my key with `revision`.
-    DeleteKey {
+    DeleteEntry {
         /// The key.
         revision: u64,
     },
@@ -247,17 +247,17 @@ impl LeaseNode {
                 self.lease.handle_lease_gone(now);
             }
             Message::KeyCreated { lease, revision } => self.on_key_created(lease, revision),
-            Message::Predecessor { own, predecessor } if self.own_revision() == Some(own) => {
+            Message::Predecessor { own, predecessor } if self.own_position() == Some(own) => {
                 if matches!(self.candidate.state(), CandidateState::Positioning { .. }) {
                     self.outstanding = None;
                     self.candidate.handle_predecessor(predecessor);
                 }
             }
             Message::KeyGone { own: revision } | Message::OwnKeyDeleted { revision }
-                if self.own_revision() == Some(revision) =>
+                if self.own_position() == Some(revision) =>
             {
                 self.outstanding = None;
-                self.candidate.handle_key_deleted();
+                self.candidate.handle_entry_deleted();
             }
             Message::WatchCreated { revision } => self.clear_outstanding_watch(revision),
             Message::Deleted { revision } => {
@@ -326,12 +326,12 @@ impl LeaseNode {
         if self.lease_id != Some(lease) {
             // Created under a lease we no longer hold: remove it rather than queue on it.
             self.actions
-                .push_back(Action::Send(Message::DeleteKey { revision }));
+                .push_back(Action::Send(Message::DeleteEntry { revision }));
             return;
         }
         if self.candidate.state() == CandidateState::Creating {
             self.outstanding = None;
-            self.candidate.handle_key_created(revision);
+            self.candidate.handle_entry_created(revision);
         }
     }
 
@@ -365,7 +365,7 @@ impl LeaseNode {
             if self.pending_create && self.lease.is_live(now) {
                 self.pending_create = false;
                 let lease = self.lease_id.expect("a live lease has an id");
-                self.request(now, Message::CreateKey { lease });
+                self.request(now, Message::CreateEntry { lease });
             }
             if !progressed {
                 return;
@@ -402,16 +402,16 @@ impl LeaseNode {
 
     fn on_candidate_action(&mut self, now: Instant, action: CandidateAction) {
         match action {
-            CandidateAction::CreateKey => match self.lease_id {
+            CandidateAction::CreateEntry => match self.lease_id {
                 Some(lease) if self.lease.is_live(now) => {
-                    self.request(now, Message::CreateKey { lease })
+                    self.request(now, Message::CreateEntry { lease })
                 }
                 _ => self.pending_create = true,
             },
-            CandidateAction::FindPredecessor { own_revision } => {
-                self.request(now, Message::FindPredecessor { own: own_revision })
+            CandidateAction::FindPredecessor { own_position } => {
+                self.request(now, Message::FindPredecessor { own: own_position })
             }
-            CandidateAction::WatchPredecessor { revision } => {
+            CandidateAction::WatchPredecessor { position: revision } => {
                 self.request(now, Message::Watch { revision })
             }
             CandidateAction::Elected { token } => {
@@ -423,9 +423,9 @@ impl LeaseNode {
                     self.actions.push_back(Action::SteppedDown);
                 }
             }
-            CandidateAction::DeleteKey { revision } => self
+            CandidateAction::DeleteEntry { position: revision } => self
                 .actions
-                .push_back(Action::Send(Message::DeleteKey { revision })),
+                .push_back(Action::Send(Message::DeleteEntry { revision })),
         }
     }
 
@@ -434,10 +434,10 @@ impl LeaseNode {
         self.actions.push_back(Action::Send(message));
     }
 
-    fn own_revision(&self) -> Option<u64> {
+    fn own_position(&self) -> Option<u64> {
         match self.candidate.state() {
-            CandidateState::Positioning { own_revision }
-            | CandidateState::Queued { own_revision, .. } => Some(own_revision),
+            CandidateState::Positioning { own_position }
+            | CandidateState::Queued { own_position, .. } => Some(own_position),
             CandidateState::Leading { token } => Some(token),
             _ => None,
         }
@@ -539,7 +539,7 @@ impl CoordinationService {
             {
                 self.drop_lease(lease);
             }
-            Message::CreateKey { lease } => self.create_key(from, lease),
+            Message::CreateEntry { lease } => self.create_key(from, lease),
             Message::FindPredecessor { own } => {
                 let answer = if self.keys.contains_key(&own) {
                     let predecessor = self.keys.range(..own).next_back().map(|(&rev, _)| rev);
@@ -559,7 +559,7 @@ impl CoordinationService {
                     self.send(from, Message::Deleted { revision });
                 }
             }
-            Message::DeleteKey { revision }
+            Message::DeleteEntry { revision }
                 if self
                     .keys
                     .get(&revision)
@@ -801,7 +801,7 @@ mod tests {
         );
         assert_eq!(
             drain(&mut node),
-            vec![Action::Send(Message::CreateKey { lease: 1 })]
+            vec![Action::Send(Message::CreateEntry { lease: 1 })]
         );
         node.handle_message(at(4), Message::KeyCreated { lease: 1, revision });
         assert_eq!(
@@ -854,7 +854,7 @@ mod tests {
             drain(&mut node),
             vec![
                 Action::SteppedDown,
-                Action::Send(Message::DeleteKey { revision: 7 }),
+                Action::Send(Message::DeleteEntry { revision: 7 }),
                 Action::Send(Message::Grant {
                     nonce: 2,
                     ttl: ms(1500)
@@ -873,7 +873,7 @@ mod tests {
         );
         assert_eq!(
             drain(&mut node),
-            vec![Action::Send(Message::CreateKey { lease: 5 })]
+            vec![Action::Send(Message::CreateEntry { lease: 5 })]
         );
         // A late answer for the old lease creates nothing we keep.
         node.handle_message(
@@ -885,7 +885,7 @@ mod tests {
         );
         assert_eq!(
             drain(&mut node),
-            vec![Action::Send(Message::DeleteKey { revision: 9 })]
+            vec![Action::Send(Message::DeleteEntry { revision: 9 })]
         );
     }
 
@@ -947,10 +947,10 @@ mod tests {
         let ttl = ms(1500);
         service.handle_message(at(10), 0, Message::Grant { nonce: 1, ttl });
         service.handle_message(at(10), 1, Message::Grant { nonce: 1, ttl });
-        service.handle_message(at(11), 0, Message::CreateKey { lease: 1 });
-        service.handle_message(at(12), 1, Message::CreateKey { lease: 2 });
+        service.handle_message(at(11), 0, Message::CreateEntry { lease: 1 });
+        service.handle_message(at(12), 1, Message::CreateEntry { lease: 2 });
         // Idempotent: a retried create returns the same key.
-        service.handle_message(at(13), 1, Message::CreateKey { lease: 2 });
+        service.handle_message(at(13), 1, Message::CreateEntry { lease: 2 });
         service.handle_message(at(14), 1, Message::FindPredecessor { own: 2 });
         service.handle_message(at(15), 1, Message::Watch { revision: 1 });
         assert_eq!(
@@ -1021,7 +1021,7 @@ mod tests {
         assert_eq!(service.leader_revision(), Some(2));
         // The expired lease answers renewals with a zero TTL and refuses keys.
         service.handle_message(at(1600), 0, Message::KeepAlive { lease: 1 });
-        service.handle_message(at(1601), 0, Message::CreateKey { lease: 1 });
+        service.handle_message(at(1601), 0, Message::CreateEntry { lease: 1 });
         assert_eq!(
             drain_service(&mut service),
             vec![
@@ -1045,7 +1045,7 @@ mod tests {
             drain(&mut node),
             vec![
                 Action::SteppedDown,
-                Action::Send(Message::CreateKey { lease: 1 })
+                Action::Send(Message::CreateEntry { lease: 1 })
             ]
         );
         assert_eq!(node.leadership(at(101)), None);
