@@ -116,7 +116,7 @@ fn after_its_connections_are_reset_a_leader_still_hears_of_its_key_being_deleted
     });
     assert_eq!(status.code(), Some(3));
     let stderr = a.stderr();
-    assert!(stderr.contains("leader key deleted"), "{stderr}");
+    assert!(stderr.contains("leader entry deleted"), "{stderr}");
 }
 
 #[test]
