@@ -24,10 +24,24 @@ use crate::stats::Stats;
 /// Pause between attempts when a requeueing candidate hits a backend error.
 pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
+/// An entry's place in commit order: etcd's create revision, ZooKeeper's czxid, the in-memory
+/// store's revision at its creation. The leader's position is its fencing token. Each backend
+/// converts its own numbers in one place (no casts back and forth in the driver).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Position(pub(crate) u64);
+
+impl Position {
+    /// As a fencing token.
+    pub(crate) fn token(self) -> u64 {
+        self.0
+    }
+}
+
 /// A point in the backend's history: the revision (etcd) or transaction id (ZooKeeper) at
 /// which a read was served. A deletion watch started after a read point sees every deletion
 /// that happened after that read.
-pub(crate) type ReadPoint = u64;
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct ReadPoint(pub(crate) u64);
 
 /// A lease that candidate entries are bound to: when it ends at the server, so do they.
 pub(crate) trait QueueLease: Send + Sync + Debug + 'static {
@@ -39,7 +53,7 @@ pub(crate) trait QueueLease: Send + Sync + Debug + 'static {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Fired<E> {
     /// The entry was deleted; `position` is that of the incarnation deleted.
-    Deleted { entry: E, position: u64 },
+    Deleted { entry: E, position: Position },
     /// The watch can no longer be trusted (connection lost, history compacted): the driver
     /// finds out afresh where it stands.
     Broken,
@@ -60,7 +74,7 @@ pub(crate) enum Located<E> {
     /// Our entry exists; `ahead` is the entry just ahead of it (with its position), `None` when
     /// it is first. `at` is the read point of this answer.
     Exists {
-        ahead: Option<(E, u64)>,
+        ahead: Option<(E, Position)>,
         at: ReadPoint,
     },
 }
@@ -68,7 +82,7 @@ pub(crate) enum Located<E> {
 /// The queue operations of one backend, on which [`spawn`] runs a candidacy.
 ///
 /// To ensure correctness, an implementation must guarantee:
-/// - **Queue order is commit order.** Each entry's position (a `u64`, its fencing token when it
+/// - **Queue order is commit order.** Each entry's [`Position`] (its fencing token when it
 ///   leads) is assigned when it is created, strictly increases with creation across the whole
 ///   election, and no entry can later appear ahead of an existing one.
 /// - **Entries die with their lease.** An entry is bound to the lease it was created under and
@@ -130,21 +144,21 @@ pub(crate) trait Queue: Send + Sync + 'static {
         entrant: &Self::Entrant,
         entry: &Self::Entry,
         lease: &Self::Lease,
-    ) -> impl Future<Output = Result<u64>> + Send;
+    ) -> impl Future<Output = Result<Position>> + Send;
 
     /// Where our entry (created at `position`) stands.
     fn locate(
         &self,
         entrant: &Self::Entrant,
         entry: &Self::Entry,
-        position: u64,
+        position: Position,
     ) -> impl Future<Output = Result<Located<Self::Entry>>> + Send;
 
     /// `Some(read point)` if our entry exists with `position`, `None` if not.
     fn confirm(
         &self,
         entry: &Self::Entry,
-        position: u64,
+        position: Position,
     ) -> impl Future<Output = Result<Option<ReadPoint>>> + Send;
 
     /// Watches for the first deletion of `entry` after read point `after`.
@@ -160,7 +174,7 @@ pub(crate) trait Queue: Send + Sync + 'static {
         &self,
         entrant: &Self::Entrant,
         entry: &Self::Entry,
-        position: u64,
+        position: Position,
     ) -> impl Future<Output = Result<()>> + Send;
 
     /// Deletes our entry if it is bound to `lease` (a create whose answer was lost).
@@ -172,7 +186,7 @@ pub(crate) trait Queue: Send + Sync + 'static {
     ) -> impl Future<Output = Result<()>> + Send;
 
     /// The means to make writes that succeed only while `entry` (at `position`) leads.
-    fn guard(&self, entry: &Self::Entry, position: u64) -> GuardContext;
+    fn guard(&self, entry: &Self::Entry, position: Position) -> GuardContext;
 }
 
 /// Lease settings that must match for two elections to share a lease.
@@ -350,7 +364,7 @@ pub(crate) fn spawn<Q: Queue>(
         resign_acks: Vec::new(),
         step_down_acks: Vec::new(),
         create_uncertain: false,
-        created_position: 0,
+        created_position: Position(0),
     };
     tokio::spawn(driver.run());
 }
@@ -367,7 +381,7 @@ struct CandidateDriver<Q: Queue> {
     /// Our entry's name under the current lease.
     own: Option<Q::Entry>,
     /// The entry and position we wait behind.
-    predecessor: Option<(Q::Entry, u64)>,
+    predecessor: Option<(Q::Entry, Position)>,
     /// The deletion of our own entry.
     own_watch: Option<Q::Watch>,
     /// The deletion of the entry we wait behind.
@@ -386,14 +400,14 @@ struct CandidateDriver<Q: Queue> {
     /// A create request failed without an answer: the entry may exist. Deleted on giving up.
     create_uncertain: bool,
     /// The position of the last entry we created (for the error when it was too low).
-    created_position: u64,
+    created_position: Position,
 }
 
 /// What woke the driver.
 enum Wake<E> {
     Command(Option<Command>),
     LeaseOver,
-    Deleted(E, u64),
+    Deleted(E, Position),
     WatchBroken,
     /// Nobody is waiting for a leadership any more (the campaign future was dropped).
     Abandoned,
@@ -440,7 +454,7 @@ impl<Q: Queue> CandidateDriver<Q> {
                             .is_some_and(|(e, p)| *e == entry && *p == position)
                         {
                             self.queue.stats().wakeups.fetch_add(1, Ordering::Relaxed);
-                            self.core.handle_predecessor_deleted(position);
+                            self.core.handle_predecessor_deleted(position.0);
                         }
                     }
                 }
@@ -567,6 +581,7 @@ impl<Q: Queue> CandidateDriver<Q> {
         let (Some(position), Some(own)) = (self.core.own_position(), self.own.clone()) else {
             return;
         };
+        let position = Position(position);
         let at = match self.queue.confirm(&own, position).await {
             Ok(Some(at)) => at,
             Ok(None) => return self.core.handle_entry_deleted(),
@@ -591,21 +606,23 @@ impl<Q: Queue> CandidateDriver<Q> {
         match action {
             CandidateAction::CreateEntry => self.create_entry().await,
             CandidateAction::FindPredecessor { own_position } => {
-                self.find_predecessor(own_position).await
+                self.find_predecessor(Position(own_position)).await
             }
             CandidateAction::WatchPredecessor { position } => {
                 // The watch was placed in find_predecessor; nothing more to do here.
                 debug_assert!(self
                     .predecessor
                     .as_ref()
-                    .is_some_and(|(_, p)| *p == position));
+                    .is_some_and(|(_, p)| p.0 == position));
             }
             CandidateAction::Elected { token } => self.elected(token),
             CandidateAction::Lost {
                 reason,
                 was_leading,
             } => self.lost(reason, was_leading),
-            CandidateAction::DeleteEntry { position } => self.delete_entry(position).await,
+            CandidateAction::DeleteEntry { position } => {
+                self.delete_entry(Position(position)).await
+            }
         }
     }
 
@@ -621,7 +638,7 @@ impl<Q: Queue> CandidateDriver<Q> {
             match self.try_create_entry().await {
                 Ok((own, position)) => {
                     // The entry exists from the create on: a deletion right after it is seen.
-                    if let Err(error) = self.open_own_watch(&own, position).await {
+                    if let Err(error) = self.open_own_watch(&own, ReadPoint(position.0)).await {
                         // Without a watch we cannot hear of deletions: delete and retry.
                         if self
                             .queue
@@ -639,7 +656,7 @@ impl<Q: Queue> CandidateDriver<Q> {
                     self.failures = 0;
                     self.create_uncertain = false;
                     self.created_position = position;
-                    self.core.handle_entry_created(position);
+                    self.core.handle_entry_created(position.0);
                     return;
                 }
                 Err(error) => {
@@ -651,7 +668,7 @@ impl<Q: Queue> CandidateDriver<Q> {
         }
     }
 
-    async fn try_create_entry(&mut self) -> Result<(Q::Entry, u64)> {
+    async fn try_create_entry(&mut self) -> Result<(Q::Entry, Position)> {
         let lease = self.queue.lease(&self.config).await?;
         let own = self.queue.entry_name(&self.entrant, &lease);
         self.own = Some(own.clone());
@@ -731,7 +748,7 @@ impl<Q: Queue> CandidateDriver<Q> {
     /// Always one atomic read that also checks our own entry, even when the predecessor's
     /// deletion suggests we are first: the same step may have deleted our entry too (a prefix
     /// delete, a shared lease revoked), and its event may not have reached us yet.
-    async fn find_predecessor(&mut self, position: u64) {
+    async fn find_predecessor(&mut self, position: Position) {
         loop {
             match self.try_find_predecessor(position).await {
                 Ok(Some(found)) => {
@@ -742,7 +759,7 @@ impl<Q: Queue> CandidateDriver<Q> {
                         self.core.handle_lease_expired();
                         return;
                     }
-                    let ahead = found.as_ref().map(|(_, p)| *p);
+                    let ahead = found.as_ref().map(|(_, p)| p.0);
                     self.predecessor = found;
                     self.core.handle_predecessor(ahead);
                     return;
@@ -784,8 +801,8 @@ impl<Q: Queue> CandidateDriver<Q> {
     /// is ahead of us, and a watch for its deletion is in place.
     async fn try_find_predecessor(
         &mut self,
-        position: u64,
-    ) -> Result<Option<Option<(Q::Entry, u64)>>> {
+        position: Position,
+    ) -> Result<Option<Option<(Q::Entry, Position)>>> {
         let Some(own) = self.own.clone() else {
             return Ok(None);
         };
@@ -829,7 +846,7 @@ impl<Q: Queue> CandidateDriver<Q> {
             status_rx,
             lease.handle().watch.clone(),
             self.commands.clone(),
-            self.queue.guard(own, token),
+            self.queue.guard(own, Position(token)),
         );
         if self.leaderships.try_send(Box::new(Ok(leadership))).is_err() {
             // Nobody is waiting for it (the candidacy was dropped): the leadership's own drop
@@ -849,7 +866,7 @@ impl<Q: Queue> CandidateDriver<Q> {
             // Final even with requeue: the caller must hear why.
             let error = Error::TokenRegressed {
                 election: self.election.clone(),
-                token: self.created_position,
+                token: self.created_position.token(),
                 highest: self.core.highest_token().unwrap_or_default(),
             };
             tracing::warn!(election = %self.election, %error, "candidacy ended");
@@ -863,7 +880,7 @@ impl<Q: Queue> CandidateDriver<Q> {
         self.predecessor = None;
     }
 
-    async fn delete_entry(&mut self, position: u64) {
+    async fn delete_entry(&mut self, position: Position) {
         // We are deleting it ourselves: stop watching it first, so nobody is told.
         self.drop_watches();
         let Some(own) = self.own.clone() else {

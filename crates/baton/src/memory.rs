@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::backend::{BoxFuture, Connection, Fencer};
 use crate::clock::Clock;
 use crate::driver::{
-    EntryWatch, Fired, LeasePool, Located, Queue, QueueLease, ReadPoint, TokenMemory,
+    EntryWatch, Fired, LeasePool, Located, Position, Queue, QueueLease, ReadPoint, TokenMemory,
 };
 use crate::election::{CandidateSpec, Command, GuardContext, LeaderInfo, Leadership, Observed};
 use crate::error::{Error, Result};
@@ -186,7 +186,7 @@ impl State {
         for watcher in fire {
             let _ = watcher.fired.send(Fired::Deleted {
                 entry: entry.clone(),
-                position,
+                position: Position(position),
             });
         }
         self.deletions.push_back(Deletion {
@@ -687,7 +687,7 @@ impl Queue for MemoryBackend {
         entrant: &MemEntrant,
         entry: &MemEntry,
         lease: &MemLease,
-    ) -> Result<u64> {
+    ) -> Result<Position> {
         self.stats.request();
         let mut state = self.store.reach("create candidate entry")?;
         if !state.leases.contains_key(&lease.id) {
@@ -703,7 +703,7 @@ impl Queue for MemoryBackend {
             let record = state.record(&entry.election, position);
             if record.is_some_and(|r| r.lease == lease.id) {
                 // An earlier attempt of ours whose reply was lost: adopt it.
-                return Ok(position);
+                return Ok(Position(position));
             }
             return Err(Error::Backend {
                 backend: "memory",
@@ -740,15 +740,16 @@ impl Queue for MemoryBackend {
         if state.lose_reply() {
             return Err(self.store.unreachable("create candidate entry"));
         }
-        Ok(position)
+        Ok(Position(position))
     }
 
     async fn locate(
         &self,
         _entrant: &MemEntrant,
         entry: &MemEntry,
-        position: u64,
+        own: Position,
     ) -> Result<Located<MemEntry>> {
+        let position = own.0;
         self.stats.request();
         let state = self.store.reach("find predecessor")?;
         let Some(entries) = state.elections.get(&entry.election) else {
@@ -763,40 +764,40 @@ impl Queue for MemoryBackend {
                     election: entry.election.clone(),
                     name: record.name.clone(),
                 },
-                *p,
+                Position(*p),
             )
         });
         Ok(Located::Exists {
             ahead,
-            at: state.revision,
+            at: ReadPoint(state.revision),
         })
     }
 
-    async fn confirm(&self, entry: &MemEntry, position: u64) -> Result<Option<ReadPoint>> {
+    async fn confirm(&self, entry: &MemEntry, own: Position) -> Result<Option<ReadPoint>> {
         self.stats.request();
         let state = self.store.reach("get own entry")?;
         let exists = state
-            .record(&entry.election, position)
+            .record(&entry.election, own.0)
             .is_some_and(|r| r.name == entry.name);
-        Ok(exists.then_some(state.revision))
+        Ok(exists.then_some(ReadPoint(state.revision)))
     }
 
     async fn watch_deletion(&self, entry: &MemEntry, after: ReadPoint) -> Result<MemWatch> {
         self.stats.request();
         let mut state = self.store.reach("watch")?;
         let (tx, receiver) = oneshot::channel();
-        if after < state.forgotten {
+        if after.0 < state.forgotten {
             // History that far back is gone (as after a compaction): find out afresh.
             let _ = tx.send(Fired::Broken);
         } else if let Some(deletion) = state
             .deletions
             .iter()
-            .find(|d| d.revision > after && d.entry == *entry)
+            .find(|d| d.revision > after.0 && d.entry == *entry)
         {
             // Deleted after the read point, before the watch: replayed, not missed.
             let _ = tx.send(Fired::Deleted {
                 entry: entry.clone(),
-                position: deletion.position,
+                position: Position(deletion.position),
             });
         } else {
             state.watchers.push(Watcher {
@@ -810,7 +811,8 @@ impl Queue for MemoryBackend {
         })
     }
 
-    async fn delete(&self, _entrant: &MemEntrant, entry: &MemEntry, position: u64) -> Result<()> {
+    async fn delete(&self, _entrant: &MemEntrant, entry: &MemEntry, own: Position) -> Result<()> {
+        let position = own.0;
         self.stats.request();
         let mut state = self.store.reach("delete candidate entry")?;
         if state
@@ -844,7 +846,8 @@ impl Queue for MemoryBackend {
         Ok(())
     }
 
-    fn guard(&self, entry: &MemEntry, position: u64) -> GuardContext {
+    fn guard(&self, entry: &MemEntry, position: Position) -> GuardContext {
+        let position = position.token();
         Arc::new(MemFencer {
             store: self.store.clone(),
             stats: self.stats.clone(),

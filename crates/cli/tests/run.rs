@@ -167,7 +167,11 @@ fn deleted_leader_key_kills_the_command_and_exits_3() {
         a.child.try_wait().unwrap()
     });
     assert_eq!(status.code(), Some(3));
-    assert!(a.stderr().contains("leader entry deleted"), "{}", a.stderr());
+    assert!(
+        a.stderr().contains("leader entry deleted"),
+        "{}",
+        a.stderr()
+    );
 }
 
 #[test]

@@ -10,12 +10,30 @@ use etcd_client::{
 use super::fence::EtcdFencer;
 use super::watch_hub::DeletionWatch;
 use super::{encode, request, request_within, EtcdBackend, EtcdLease, DELETE_TIMEOUT};
-use crate::driver::{EntryWatch, Fired, Located, Queue, QueueLease, ReadPoint, TokenMemory};
+use crate::driver::{
+    EntryWatch, Fired, Located, Position, Queue, QueueLease, ReadPoint, TokenMemory,
+};
 use crate::election::{CandidateSpec, GuardContext};
 use crate::error::{Error, Result};
 use crate::lease_driver::LeaseHandle;
 use crate::stats::Stats;
 use crate::url::IDS_MARKER;
+
+/// An etcd create revision as a queue position (revisions start at 1; a negative one would be a
+/// protocol violation and sorts first, as position 0).
+pub(super) fn position(create_revision: i64) -> Position {
+    Position(u64::try_from(create_revision).unwrap_or(0))
+}
+
+/// A position as the etcd create revision it came from.
+pub(super) fn revision(position: Position) -> i64 {
+    i64::try_from(position.0).unwrap_or(i64::MAX)
+}
+
+/// The revision a response was served at.
+fn read_point(header: Option<&etcd_client::ResponseHeader>) -> ReadPoint {
+    ReadPoint(header.map_or(0, |h| u64::try_from(h.revision()).unwrap_or(0)))
+}
 
 /// One candidacy as etcd sees it: where its entries live and what they hold.
 pub(crate) struct EtcdEntrant {
@@ -108,11 +126,11 @@ impl Queue for EtcdBackend {
         entrant: &EtcdEntrant,
         entry: &Vec<u8>,
         lease: &EtcdLease,
-    ) -> Result<u64> {
+    ) -> Result<Position> {
         // Twice at most: the second attempt follows the removal of a stale id entry.
         for _ in 0..2 {
             match self.create_once(entrant, entry, lease.id).await? {
-                Created::Key(revision) => return Ok(revision as u64),
+                Created::Key(revision) => return Ok(position(revision)),
                 Created::IdTakenBy(holder) => {
                     if !self.clear_stale_id_entry(entrant, &holder).await? {
                         return Err(Error::DuplicateId {
@@ -137,9 +155,9 @@ impl Queue for EtcdBackend {
         &self,
         entrant: &EtcdEntrant,
         entry: &Vec<u8>,
-        position: u64,
+        own: Position,
     ) -> Result<Located<Vec<u8>>> {
-        let own_position = i64::try_from(position).unwrap_or(i64::MAX);
+        let own_position = revision(own);
         // In one transaction: is our key still ours, and who is just ahead of it?
         let options = GetOptions::new()
             .with_prefix()
@@ -159,37 +177,36 @@ impl Queue for EtcdBackend {
         if !response.succeeded() {
             return Ok(Located::Gone);
         }
-        let at = response.header().map_or(0, |h| h.revision()).max(0) as u64;
+        let at = read_point(response.header());
         let ahead = response.op_responses().into_iter().find_map(|op| match op {
             TxnOpResponse::Get(get) => get
                 .kvs()
                 .first()
-                .map(|kv| (kv.key().to_vec(), kv.create_revision() as u64)),
+                .map(|kv| (kv.key().to_vec(), position(kv.create_revision()))),
             _ => None,
         });
         Ok(Located::Exists { ahead, at })
     }
 
-    async fn confirm(&self, entry: &Vec<u8>, position: u64) -> Result<Option<ReadPoint>> {
+    async fn confirm(&self, entry: &Vec<u8>, own: Position) -> Result<Option<ReadPoint>> {
         let mut client = self.client.clone();
         let response = request(&self.stats, "get own key", client.get(entry.clone(), None)).await?;
-        let at = response.header().map_or(0, |h| h.revision()).max(0) as u64;
+        let at = read_point(response.header());
         let exists = response
             .kvs()
             .first()
-            .is_some_and(|kv| kv.create_revision() as u64 == position);
+            .is_some_and(|kv| position(kv.create_revision()) == own);
         Ok(exists.then_some(at))
     }
 
     async fn watch_deletion(&self, entry: &Vec<u8>, after: ReadPoint) -> Result<DeletionWatch> {
-        let start = i64::try_from(after).unwrap_or(i64::MAX - 1) + 1;
+        let start = i64::try_from(after.0).unwrap_or(i64::MAX - 1) + 1;
         self.hub.watch(entry.clone(), start).await
     }
 
-    async fn delete(&self, entrant: &EtcdEntrant, entry: &Vec<u8>, position: u64) -> Result<()> {
+    async fn delete(&self, entrant: &EtcdEntrant, entry: &Vec<u8>, own: Position) -> Result<()> {
         // Delete only the key we created, never a later one with the same name.
-        let revision = i64::try_from(position).unwrap_or(i64::MAX);
-        let condition = Compare::create_revision(entry.clone(), CompareOp::Equal, revision);
+        let condition = Compare::create_revision(entry.clone(), CompareOp::Equal, revision(own));
         self.delete_own_key_if(entrant, entry, condition).await
     }
 
@@ -203,7 +220,7 @@ impl Queue for EtcdBackend {
         self.delete_own_key_if(entrant, entry, condition).await
     }
 
-    fn guard(&self, entry: &Vec<u8>, _position: u64) -> GuardContext {
+    fn guard(&self, entry: &Vec<u8>, _position: Position) -> GuardContext {
         Arc::new(EtcdFencer {
             client: self.client.clone(),
             leader_key: entry.clone(),

@@ -225,7 +225,7 @@ impl Hub {
             let outcome = match (event.kv(), event.prev_kv()) {
                 (Some(kv), Some(prev)) => Fired::Deleted {
                     entry: kv.key().to_vec(),
-                    position: prev.create_revision().max(0) as u64,
+                    position: super::queue::position(prev.create_revision()),
                 },
                 // Without the previous value we cannot tell which incarnation went.
                 _ => Fired::Broken,
