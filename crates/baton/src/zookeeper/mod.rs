@@ -184,15 +184,38 @@ async fn request<T>(
         .map_err(|error| zk_error(operation, error))
 }
 
-/// The main session of a backend: everything but leases goes through it. It is established
-/// again when it ends (it expired during an outage, say).
+/// The main session of a backend: everything but leases goes through it. It is replaced by a
+/// new session when it ends (it expired during an outage, say), and when it has been
+/// disconnected for a while but a new session can be established: a server whose history went
+/// backwards (restored, or wiped) refuses to take an old session back until the client gives
+/// up on it, a session timeout later.
 pub(crate) struct MainSession {
     hosts: String,
-    client: tokio::sync::Mutex<zk::Client>,
+    main: tokio::sync::Mutex<Main>,
     stats: Arc<Stats>,
 }
 
+struct Main {
+    client: zk::Client,
+    /// Since when (as far as a caller has seen) the session has been disconnected.
+    disconnected_since: Option<tokio::time::Instant>,
+    /// When a new session was last tried.
+    last_attempt: Option<tokio::time::Instant>,
+}
+
 impl MainSession {
+    fn new(hosts: String, client: zk::Client, stats: Arc<Stats>) -> MainSession {
+        MainSession {
+            hosts,
+            main: tokio::sync::Mutex::new(Main {
+                client,
+                disconnected_since: None,
+                last_attempt: None,
+            }),
+            stats,
+        }
+    }
+
     async fn connect(hosts: &str) -> std::result::Result<zk::Client, zk::Error> {
         zk::Client::connector()
             .with_session_timeout(MAIN_SESSION_ASK)
@@ -202,17 +225,46 @@ impl MainSession {
             .await
     }
 
-    /// The main session's client, established again if the session has ended.
+    /// The main session's client; a new session if it has ended, or has been disconnected
+    /// for longer than [`MAIN_CONNECTION_TIMEOUT`] (tried at most once a second; meanwhile
+    /// the ensemble is `Unreachable`).
     pub(crate) async fn client(&self) -> Result<zk::Client> {
-        let mut client = self.client.lock().await;
-        if client.state().is_terminated() {
-            self.stats.request();
-            let fresh = bounded(CONNECT_TIMEOUT, "connect", Self::connect(&self.hosts))
-                .await?
-                .map_err(|error| zk_error("connect", error))?;
-            *client = fresh;
+        let mut main = self.main.lock().await;
+        match main.client.state() {
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                main.disconnected_since = None;
+                return Ok(main.client.clone());
+            }
+            zk::SessionState::Disconnected => {
+                let now = tokio::time::Instant::now();
+                let since = *main.disconnected_since.get_or_insert(now);
+                if now - since < MAIN_CONNECTION_TIMEOUT {
+                    // Requests wait for the client to reconnect (each has its timeout).
+                    return Ok(main.client.clone());
+                }
+            }
+            // Ended: expired, closed, refused.
+            _ => {}
         }
-        Ok(client.clone())
+        if main
+            .last_attempt
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
+        {
+            return Err(Error::Unreachable {
+                backend: BACKEND,
+                endpoints: self.hosts.clone(),
+                detail: "disconnected; reconnecting".into(),
+            });
+        }
+        main.last_attempt = Some(tokio::time::Instant::now());
+        self.stats.request();
+        let fresh = bounded(CONNECT_TIMEOUT, "connect", Self::connect(&self.hosts))
+            .await?
+            .map_err(|error| zk_error("connect", error))?;
+        // The old client, dropped, closes its session once it gets through (if ever).
+        main.client = fresh;
+        main.disconnected_since = None;
+        Ok(main.client.clone())
     }
 }
 
@@ -268,11 +320,7 @@ impl ZkBackend {
         // The chroot must exist (a bad one fails here, in one line).
         request(&stats, "create the chroot", mkdir_or_exists(&main, &chroot)).await?;
         Ok(ZkBackend {
-            main: Arc::new(MainSession {
-                hosts: hosts.clone(),
-                client: tokio::sync::Mutex::new(main),
-                stats: stats.clone(),
-            }),
+            main: Arc::new(MainSession::new(hosts.clone(), main, stats.clone())),
             hosts,
             chroot,
             limits,
