@@ -127,12 +127,15 @@ impl BackendUrl {
         } else {
             trimmed.to_string()
         };
+        let what = if zookeeper { "chroot" } else { "prefix" };
         if prefix.contains("//") || prefix.chars().any(char::is_control) {
-            return Err(invalid("prefix has empty segments or control characters"));
+            return Err(invalid(&format!(
+                "{what} has empty segments or control characters"
+            )));
         }
         if let Some(segment) = prefix.split('/').find(|segment| is_reserved(segment)) {
             return Err(invalid(&format!(
-                "prefix must not contain the segment {segment:?} (reserved for the candidates \
+                "{what} must not contain the segment {segment:?} (reserved for the candidates \
                  of an election)"
             )));
         }

@@ -638,9 +638,10 @@ impl ZkBackend {
             token,
         };
         let started = tokio::time::Instant::now();
+        let left = || limit.saturating_sub(started.elapsed());
         let dir = self.candidates_dir(election);
         let client = bounded(limit, "find leader entry", self.main.client()).await??;
-        let entries = self.entries(&client, &dir, limit).await?;
+        let entries = self.entries(&client, &dir, left()).await?;
         let Some((_, first)) = entries.into_iter().flatten().next() else {
             return Err(fenced());
         };
@@ -652,8 +653,7 @@ impl ZkBackend {
             chroot: self.chroot.clone(),
             leader: format!("{dir}/{first}"),
         };
-        let left = limit.saturating_sub(started.elapsed());
-        fencer.fenced(election, token, txn, left).await
+        fencer.fenced(election, token, txn, left()).await
     }
 }
 
