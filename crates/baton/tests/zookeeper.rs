@@ -352,3 +352,58 @@ async fn fenced_keys_are_znodes_under_the_chroot() {
     }
     leadership.resign().await;
 }
+
+/// A three-server ensemble: renewals (syncs through whichever server a session is connected
+/// to) keep a lease alive for many TTLs, and after its leading server is killed the ensemble
+/// elects another; the holder keeps its term if its session moves to a live server within the
+/// TTL, else loses it at its local deadline. Either way the next leadership's token is higher:
+/// a czxid carries the ensemble's epoch.
+#[tokio::test]
+async fn an_ensemble_outlives_its_leading_server() {
+    let mut ensemble = zk_support::PrivateEnsemble::start().await;
+    let url = ensemble.url_at(CHROOT);
+    let a_backend = Backend::connect(&url).await.unwrap();
+    let b_backend = Backend::connect(&url).await.unwrap();
+    let config = config().with_ttl(Duration::from_secs(10));
+    let a = Election::new(&a_backend, "ensemble", config.clone()).unwrap();
+    let b = Election::new(&b_backend, "ensemble", config).unwrap();
+    let leadership = a.campaign("a").await.unwrap();
+    let old_token = leadership.token();
+    let mut waiter = b.candidacy("b").unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    leadership.guarded_put("/ensemble/x", "1").await.unwrap();
+    ensemble.kill_leader().await;
+    // Longer than the TTL: a term still held then was renewed after the kill.
+    let kept = tokio::time::timeout(Duration::from_secs(11), leadership.lost()).await;
+    match kept {
+        // Still leading: its renewals went through once the ensemble had a leader again.
+        Err(_) => {
+            eprintln!("the term outlived the ensemble's leader");
+            assert!(leadership.is_leading());
+            leadership.guarded_put("/ensemble/x", "2").await.unwrap();
+            leadership.resign().await;
+        }
+        Ok(reason) => {
+            eprintln!("the term ended at its local deadline");
+            assert_eq!(reason, LossReason::LeaseExpired);
+        }
+    }
+    let successor = within("takeover", Duration::from_secs(20), waiter.next())
+        .await
+        .unwrap();
+    assert!(successor.token() > old_token);
+    match b.guarded_put(old_token, "/ensemble/x", "stale").await {
+        Err(Error::Fenced { .. }) => {}
+        other => panic!("the old token was not fenced: {other:?}"),
+    }
+    successor.guarded_put("/ensemble/x", "3").await.unwrap();
+    successor.resign().await;
+    // An entry created now carries the new epoch (the high 32 bits of a zxid).
+    let fresh = a.campaign("c").await.unwrap();
+    assert!(
+        fresh.token() >> 32 > old_token >> 32,
+        "{:#x} after {old_token:#x}",
+        fresh.token()
+    );
+    fresh.resign().await;
+}

@@ -271,3 +271,140 @@ pub fn unique(name: &str) -> String {
 pub async fn mkdir(client: &zk::Client, path: &str) {
     client.mkdir(path, &PERSISTENT).await.unwrap();
 }
+
+/// A private three-server ZooKeeper ensemble on free loopback ports. Killed (and its data
+/// removed) when dropped.
+pub struct PrivateEnsemble {
+    servers: Vec<EnsembleServer>,
+}
+
+struct EnsembleServer {
+    client_port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateEnsemble {
+    pub async fn start() -> PrivateEnsemble {
+        // Another test may take one of the "free" ports first: then try others.
+        for _ in 0..3 {
+            if let Some(ensemble) = PrivateEnsemble::try_start().await {
+                return ensemble;
+            }
+        }
+        panic!("no free ports for a private ZooKeeper ensemble after 3 tries");
+    }
+
+    async fn try_start() -> Option<PrivateEnsemble> {
+        let ports: Vec<(u16, u16, u16)> = (0..3)
+            .map(|_| (free_port(), free_port(), free_port()))
+            .collect();
+        let members: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer, election))| {
+                format!("server.{}=127.0.0.1:{peer}:{election}\n", i + 1)
+            })
+            .collect();
+        let mut ensemble = PrivateEnsemble {
+            servers: Vec::new(),
+        };
+        for (i, (client_port, _, _)) in ports.iter().enumerate() {
+            let dir = std::env::temp_dir().join(unique("baton-private-ensemble"));
+            let data = dir.join("data");
+            std::fs::create_dir_all(&data).unwrap();
+            std::fs::write(data.join("myid"), format!("{}\n", i + 1)).unwrap();
+            let config = format!(
+                "tickTime=1000\nminSessionTimeout=2000\nmaxSessionTimeout=60000\ninitLimit=10\n\
+                 syncLimit=5\ndataDir={}\nclientPort={client_port}\nclientPortAddress=127.0.0.1\n\
+                 admin.enableServer=false\nmaxClientCnxns=0\n4lw.commands.whitelist=srvr,conf\n\
+                 forceSync=no\n{members}",
+                data.display(),
+            );
+            std::fs::write(dir.join("zoo.cfg"), config).unwrap();
+            let log = std::fs::File::create(dir.join("zookeeper.log")).unwrap();
+            let child = Command::new("java")
+                .args(["-Xmx192m", "-cp", "/usr/share/java/zookeeper.jar"])
+                .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+                .arg(dir.join("zoo.cfg"))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("java and ZooKeeper must be installed (scripts/test installs them)");
+            ensemble.servers.push(EnsembleServer {
+                client_port: *client_port,
+                dir,
+                child: Some(child),
+            });
+        }
+        // Every server serves, as leader or follower, and is ours (names its own data).
+        for _ in 0..300 {
+            let mut serving = 0;
+            for server in &mut ensemble.servers {
+                if let Ok(Some(_)) = server.child.as_mut().unwrap().try_wait() {
+                    // It exited (a port was taken, say).
+                    return None;
+                }
+                let conf = four_letters(server.client_port, "conf").await;
+                let srvr = four_letters(server.client_port, "srvr").await;
+                if conf.contains(&*server.dir.to_string_lossy()) && srvr.contains("Mode: ") {
+                    serving += 1;
+                }
+            }
+            if serving == ensemble.servers.len() {
+                return Some(ensemble);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "private ZooKeeper ensemble did not start; see {}",
+            ensemble.servers[0].dir.display()
+        );
+    }
+
+    /// Every server's endpoint, comma-separated.
+    pub fn endpoints(&self) -> String {
+        self.servers
+            .iter()
+            .map(|server| format!("127.0.0.1:{}", server.client_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn url_at(&self, chroot: &str) -> String {
+        format!("zk://{}{chroot}", self.endpoints())
+    }
+
+    /// Kills (SIGKILL) the server that leads the ensemble; returns its index.
+    pub async fn kill_leader(&mut self) -> usize {
+        for (i, server) in self.servers.iter_mut().enumerate() {
+            if four_letters(server.client_port, "srvr")
+                .await
+                .contains("Mode: leader")
+            {
+                server.kill();
+                return i;
+            }
+        }
+        panic!("no server of the ensemble leads");
+    }
+}
+
+impl EnsembleServer {
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateEnsemble {
+    fn drop(&mut self) {
+        for server in &mut self.servers {
+            server.kill();
+            let _ = std::fs::remove_dir_all(&server.dir);
+        }
+    }
+}
