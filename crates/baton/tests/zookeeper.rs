@@ -407,3 +407,43 @@ async fn an_ensemble_outlives_its_leading_server() {
     );
     fresh.resign().await;
 }
+
+/// Concurrent compare-and-swaps of one leadership: ZooKeeper's `multi` cannot compare values,
+/// so each is a read and a version-checked write, started again on a conflict. Of eight that
+/// create the same absent key, exactly one succeeds and its value stays.
+#[tokio::test]
+async fn concurrent_compare_and_swaps_have_one_winner() {
+    use baton::FencedTxn;
+    let backend = Backend::connect(&zk_support::url()).await.unwrap();
+    let name = unique("cas");
+    let election = Election::new(&backend, &name, config()).unwrap();
+    let leadership = std::sync::Arc::new(election.campaign("a").await.unwrap());
+    let key = format!("/data/{name}/once");
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (leadership, key) = (leadership.clone(), key.clone());
+            tokio::spawn(async move {
+                let txn = FencedTxn::new()
+                    .when_value(&key, None)
+                    .then_put(&key, i.to_string())
+                    .otherwise_get(&key);
+                (i, leadership.fenced_txn(txn).await.unwrap())
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (i, outcome) = task.await.unwrap();
+        if outcome.succeeded {
+            winners.push(i);
+        } else {
+            assert_eq!(outcome.values.len(), 1);
+            assert!(outcome.values[0].is_some(), "lost, yet the key is absent");
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    assert_eq!(
+        leadership.fenced_get(&key).await.unwrap(),
+        Some(winners[0].to_string().into_bytes())
+    );
+}

@@ -533,3 +533,88 @@ impl ZkBackend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The queue's own paths against the real ZooKeeper that `scripts/test` starts (the
+    //! conformance suite in `tests/zookeeper.rs` covers the rest through the public API).
+    use super::*;
+    use crate::backend::Connection;
+    use std::time::Duration;
+
+    /// The ZooKeeper under test. Missing is a loud failure, never a skip.
+    fn zookeeper() -> Vec<String> {
+        vec![std::env::var("BATON_TEST_ZK").expect(
+            "BATON_TEST_ZK is not set: run the tests with scripts/test, which starts a private \
+             ZooKeeper",
+        )]
+    }
+
+    fn spec(election: &str) -> CandidateSpec {
+        CandidateSpec {
+            election: election.to_string(),
+            id: "a".into(),
+            value: Some("v".into()),
+            config: ElectionConfig::default().with_ttl(Duration::from_secs(2)),
+        }
+    }
+
+    /// Creating is safe to repeat: a create whose answer was lost is retried with the same
+    /// name, and the retry adopts the entry the first attempt made (one entry, same position)
+    /// instead of making a second one. Another candidacy with the id is refused until the
+    /// entry is deleted with its id entry.
+    #[tokio::test]
+    async fn a_repeated_create_adopts_the_entry() {
+        let backend = ZkBackend::connect(zookeeper(), "/baton-unit".into())
+            .await
+            .unwrap();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let spec = spec(&format!("adopt-{}-{nanos}", std::process::id()));
+        let entrant = backend.entrant(&spec, 7);
+        let lease = Queue::lease(&backend, &spec.config).await.unwrap();
+        let entry = backend.entry_name(&entrant, &lease);
+        let first = backend.create(&entrant, &entry, &lease).await.unwrap();
+        // The same create again, as after a lost answer: adopted, not duplicated.
+        let again = backend.entry_name(&entrant, &lease);
+        assert_eq!(again, entry);
+        let second = backend.create(&entrant, &again, &lease).await.unwrap();
+        assert_eq!(second, first);
+        assert_eq!(again.incarnation(), entry.incarnation());
+        let participants = backend.participants(&spec.election).await.unwrap();
+        assert_eq!(participants.len(), 1, "{participants:?}");
+        assert_eq!(participants[0].token, first);
+        assert_eq!(participants[0].value.as_deref(), Some("v"));
+        // Another candidacy with the same id, even under the same session, is refused.
+        let other = backend.entrant(&spec, 8);
+        let other_entry = backend.entry_name(&other, &lease);
+        assert!(matches!(
+            backend.create(&other, &other_entry, &lease).await,
+            Err(Error::DuplicateId { .. })
+        ));
+        // Giving up on an uncertain create deletes the entry and its id entry.
+        backend
+            .delete_if_on_lease(&entrant, &again, &lease)
+            .await
+            .unwrap();
+        assert!(backend
+            .participants(&spec.election)
+            .await
+            .unwrap()
+            .is_empty());
+        let third = backend.create(&other, &other_entry, &lease).await.unwrap();
+        assert!(third > first);
+        // Our own entry is deleted only at its own position.
+        backend.delete(&other, &other_entry, first).await.unwrap();
+        assert_eq!(backend.participants(&spec.election).await.unwrap().len(), 1);
+        backend.delete(&other, &other_entry, third).await.unwrap();
+        assert!(backend
+            .participants(&spec.election)
+            .await
+            .unwrap()
+            .is_empty());
+        Connection::close(&backend).await;
+    }
+}
