@@ -1,5 +1,5 @@
 # Shared by scripts/test, scripts/demo and scripts/bench: install packages, start a private
-# etcd on loopback, stop it on exit. Source it; do not run it.
+# etcd (and ZooKeeper) on loopback, stop them on exit. Source it; do not run it.
 
 log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
 
@@ -55,4 +55,67 @@ stop_etcd() {
     ETCD_PID=""
   fi
   if [ -n "${ETCD_DIR:-}" ]; then rm -rf "$ETCD_DIR"; fi
+}
+
+# The Java class path of Debian's ZooKeeper (its jar's manifest names the libraries it needs).
+ZK_CLASSPATH=/usr/share/java/zookeeper.jar
+
+# start_zookeeper PORT: starts a standalone ZooKeeper on 127.0.0.1:PORT in a fresh directory;
+# sets ZK_PID and ZK_DIR. tickTime 1000 ms, so sessions of 2 s can be negotiated (the minimum is
+# set explicitly); no admin server, no connection limit per address (every baton Backend holds
+# two connections), no fsync (a test server).
+start_zookeeper() {
+  local port=$1
+  if port_in_use "$port"; then
+    log "port $port on 127.0.0.1 is already in use; choose a free port (see the top of $0)"
+    exit 1
+  fi
+  ZK_DIR=$(mktemp -d /tmp/baton-zk.XXXXXX)
+  cat >"$ZK_DIR/zoo.cfg" <<EOF
+tickTime=1000
+minSessionTimeout=2000
+maxSessionTimeout=60000
+initLimit=10
+syncLimit=5
+dataDir=$ZK_DIR/data
+clientPort=$port
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+maxClientCnxns=0
+4lw.commands.whitelist=srvr
+forceSync=no
+EOF
+  log "starting ZooKeeper on 127.0.0.1:$port (data in $ZK_DIR)"
+  java -Xmx256m -cp "$ZK_CLASSPATH" org.apache.zookeeper.server.quorum.QuorumPeerMain \
+    "$ZK_DIR/zoo.cfg" >"$ZK_DIR/zookeeper.log" 2>&1 &
+  ZK_PID=$!
+  for _ in $(seq 1 300); do
+    # `ruok` answers before the server serves; `srvr` names its mode once it does.
+    if zookeeper_ask "$port" srvr | grep -q '^Mode: '; then
+      return 0
+    fi
+    if ! kill -0 "$ZK_PID" 2>/dev/null; then
+      log "ZooKeeper failed to start:"; cat "$ZK_DIR/zookeeper.log" >&2; exit 1
+    fi
+    sleep 0.1
+  done
+  log "ZooKeeper did not start serving:"; tail -20 "$ZK_DIR/zookeeper.log" >&2; exit 1
+}
+
+# zookeeper_ask PORT WORD: the answer to a four-letter command (empty if none).
+zookeeper_ask() {
+  (
+    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 0
+    printf '%s' "$2" >&3
+    timeout 2 cat <&3
+  ) 2>/dev/null || true
+}
+
+stop_zookeeper() {
+  if [ -n "${ZK_PID:-}" ]; then
+    kill "$ZK_PID" 2>/dev/null || true
+    wait "$ZK_PID" 2>/dev/null || true
+    ZK_PID=""
+  fi
+  if [ -n "${ZK_DIR:-}" ]; then rm -rf "$ZK_DIR"; fi
 }

@@ -85,8 +85,9 @@ pub struct Backend {
 impl Backend {
     /// Connects to the backend named by `url` and checks that it answers.
     ///
-    /// URLs: `etcd://host:port[,host:port]/prefix` (also `baton server`), `memory://NAME`
-    /// (a store inside this process, for tests: see [`crate::MemoryStore`]).
+    /// URLs: `etcd://host:port[,host:port]/prefix` (also `baton server`),
+    /// `zk://host:port[,host:port]/chroot` (also `zookeeper://`; feature `zookeeper`),
+    /// `memory://NAME` (a store inside this process, for tests: see [`crate::MemoryStore`]).
     pub async fn connect(url: &str) -> Result<Backend> {
         match BackendUrl::parse(url)? {
             BackendUrl::Memory { name } => Ok(Backend {
@@ -103,6 +104,18 @@ impl Backend {
             BackendUrl::Etcd { .. } => Err(Error::InvalidUrl {
                 url: url.to_string(),
                 reason: "this build has no etcd support (feature \"etcd\")".into(),
+            }),
+            #[cfg(feature = "zookeeper")]
+            BackendUrl::ZooKeeper { endpoints, chroot } => {
+                let zookeeper = crate::zookeeper::ZkBackend::connect(endpoints, chroot).await?;
+                Ok(Backend {
+                    connection: Arc::new(zookeeper),
+                })
+            }
+            #[cfg(not(feature = "zookeeper"))]
+            BackendUrl::ZooKeeper { .. } => Err(Error::InvalidUrl {
+                url: url.to_string(),
+                reason: "this build has no ZooKeeper support (feature \"zookeeper\")".into(),
             }),
         }
     }

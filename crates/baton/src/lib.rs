@@ -13,8 +13,8 @@
 //!    [`Leadership::guarded_put`]).
 //!
 //! The decisions are made by the sans-IO cores in `baton-core`; this crate is the tokio driver
-//! and the backends (etcd v3, feature `etcd`, on by default). It never blocks a runtime thread
-//! and never reports leadership it does not hold.
+//! and the backends (etcd v3, feature `etcd`, on by default; ZooKeeper, feature `zookeeper`).
+//! It never blocks a runtime thread and never reports leadership it does not hold.
 #![warn(missing_docs)]
 
 mod backend;
@@ -32,6 +32,8 @@ pub mod metrics;
 mod runner;
 mod stats;
 mod url;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
 pub use backend::Backend;
 pub use baton_core::{

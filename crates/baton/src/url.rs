@@ -1,4 +1,5 @@
-//! Backend URLs: `etcd://host:port[,host:port]/prefix`, `memory://NAME`.
+//! Backend URLs: `etcd://host:port[,host:port]/prefix`, `zk://host:port[,host:port]/chroot`,
+//! `memory://NAME`.
 
 use crate::error::{Error, Result};
 
@@ -32,6 +33,14 @@ pub enum BackendUrl {
         /// Key prefix, starting with `/` and without a trailing one.
         prefix: String,
     },
+    /// A ZooKeeper ensemble (`zk://` or `zookeeper://`).
+    ZooKeeper {
+        /// `host:port` endpoints.
+        endpoints: Vec<String>,
+        /// The znode everything of baton's lives under, starting with `/` and without a
+        /// trailing one (created if missing).
+        chroot: String,
+    },
     /// The in-memory store of this process called `name` (see [`crate::MemoryStore`]).
     Memory {
         /// The store's name.
@@ -51,8 +60,9 @@ impl BackendUrl {
                 "expected scheme://host:port/prefix, for example etcd://127.0.0.1:2379/baton",
             ));
         };
-        match scheme {
-            "etcd" => {}
+        let zookeeper = match scheme {
+            "etcd" => false,
+            "zk" | "zookeeper" => true,
             "memory" => {
                 let name = rest.trim_end_matches('/');
                 if name.is_empty() || name.contains('/') || name.chars().any(char::is_control) {
@@ -64,17 +74,18 @@ impl BackendUrl {
                     name: name.to_string(),
                 });
             }
-            "zk" | "zookeeper" | "postgres" | "postgresql" => {
+            "postgres" | "postgresql" => {
                 return Err(invalid(&format!(
-                    "the {scheme} backend is not available in this build (supported: etcd, memory)"
+                    "the {scheme} backend is not available in this build (supported: etcd, zk, \
+                     memory)"
                 )))
             }
             _ => {
                 return Err(invalid(&format!(
-                    "unknown scheme {scheme:?} (supported: etcd, memory)"
+                    "unknown scheme {scheme:?} (supported: etcd, zk, memory)"
                 )))
             }
-        }
+        };
         if rest.contains(['?', '#']) {
             return Err(invalid("query strings and fragments are not supported"));
         }
@@ -116,17 +127,58 @@ impl BackendUrl {
         } else {
             trimmed.to_string()
         };
+        let what = if zookeeper { "chroot" } else { "prefix" };
         if prefix.contains("//") || prefix.chars().any(char::is_control) {
-            return Err(invalid("prefix has empty segments or control characters"));
+            return Err(invalid(&format!(
+                "{what} has empty segments or control characters"
+            )));
         }
         if let Some(segment) = prefix.split('/').find(|segment| is_reserved(segment)) {
             return Err(invalid(&format!(
-                "prefix must not contain the segment {segment:?} (reserved for the candidates \
+                "{what} must not contain the segment {segment:?} (reserved for the candidates \
                  of an election)"
             )));
         }
+        if zookeeper {
+            if let Some(problem) = zookeeper_path_problem(&prefix) {
+                return Err(invalid(&format!("chroot {prefix:?} {problem}")));
+            }
+            if prefix == "/zookeeper" || prefix.starts_with("/zookeeper/") {
+                return Err(invalid(
+                    "chroot must not be inside /zookeeper (ZooKeeper's own)",
+                ));
+            }
+            return Ok(BackendUrl::ZooKeeper {
+                endpoints,
+                chroot: prefix,
+            });
+        }
         Ok(BackendUrl::Etcd { endpoints, prefix })
     }
+}
+
+/// Whether ZooKeeper refuses `c` in a path (its PathUtils: control characters, the private use
+/// area, and the last code points of the basic plane).
+pub(crate) fn zookeeper_refuses(c: char) -> bool {
+    matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..='\u{ffff}')
+}
+
+/// Why ZooKeeper would refuse the absolute `path` (`None` if it would not): an empty segment,
+/// a segment `.` or `..`, or a character ZooKeeper does not allow in a path.
+pub(crate) fn zookeeper_path_problem(path: &str) -> Option<&'static str> {
+    let segments = path.strip_prefix('/')?.split('/');
+    for segment in segments {
+        if segment.is_empty() {
+            return Some("has an empty segment");
+        }
+        if segment == "." || segment == ".." {
+            return Some("has a segment \".\" or \"..\"");
+        }
+        if segment.chars().any(zookeeper_refuses) {
+            return Some("has a character ZooKeeper does not allow in a path");
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -163,6 +215,29 @@ mod tests {
     }
 
     #[test]
+    fn parses_zookeeper_urls() {
+        for url in [
+            "zk://127.0.0.1:2181,h2:2182/jobs/",
+            "zookeeper://127.0.0.1:2181,h2:2182/jobs",
+        ] {
+            assert_eq!(
+                BackendUrl::parse(url).unwrap(),
+                BackendUrl::ZooKeeper {
+                    endpoints: vec!["127.0.0.1:2181".into(), "h2:2182".into()],
+                    chroot: "/jobs".into()
+                }
+            );
+        }
+        assert_eq!(
+            BackendUrl::parse("zk://[::1]:2181").unwrap(),
+            BackendUrl::ZooKeeper {
+                endpoints: vec!["[::1]:2181".into()],
+                chroot: "/baton".into()
+            }
+        );
+    }
+
+    #[test]
     fn parses_memory_names() {
         assert_eq!(
             BackendUrl::parse("memory://tests-1").unwrap(),
@@ -187,7 +262,12 @@ mod tests {
             ("etcd://host/prefix", "no port"),
             ("etcd://host:99999", "invalid port"),
             ("etcd://:2379", "no host name"),
-            ("zk://h:2181", "not available"),
+            ("postgres://h:5432", "not available"),
+            ("zk://h:1/a//b", "empty segments"),
+            ("zk://h:1/a/../b", "\"..\""),
+            ("zk://h:1/zookeeper/x", "inside /zookeeper"),
+            ("zookeeper://h:1/@ids", "reserved"),
+            ("zk://h:1/a\u{e000}", "does not allow"),
             ("etcd://h:1/a//b", "empty segments"),
             ("etcd://h:1/@candidates", "reserved"),
             ("etcd://h:1/a/@candidates/b/", "reserved"),
