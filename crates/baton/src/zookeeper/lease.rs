@@ -33,7 +33,7 @@ use zookeeper_client as zk;
 use super::{bounded, zk_error, REQUEST_TIMEOUT};
 use crate::driver::QueueLease;
 use crate::error::{Error, Result};
-use crate::session::{LeaseHandle, LeaseTransport};
+use crate::lease_driver::{LeaseHandle, LeaseTransport};
 use crate::stats::Stats;
 
 /// One lease: a ZooKeeper session, shared by every candidacy with the same settings.

@@ -41,7 +41,7 @@ use crate::driver::{LeasePool, TokenMemory, RETRY_PAUSE};
 use crate::election::{CandidateSpec, Command, LeaderInfo, Leadership, Observed};
 use crate::error::{Error, Result};
 use crate::fenced::{FencedTxn, FencedTxnResponse};
-use crate::session::start_lease;
+use crate::lease_driver::start_lease;
 use crate::stats::Stats;
 use crate::url::{CANDIDATES_MARKER, IDS_MARKER};
 

@@ -12,7 +12,7 @@ use super::{
     ask, bounded, encode, kept_changing, mkdir_or_exists, node_name, protocol, request, sequence,
     stem, zk_error, ZkBackend, DELETE_TIMEOUT, RACE_RETRIES, REQUEST_TIMEOUT,
 };
-use crate::driver::{Located, Queue, ReadPoint, TokenMemory};
+use crate::driver::{Located, Position, Queue, ReadPoint, TokenMemory};
 use crate::election::{CandidateSpec, GuardContext};
 use crate::error::{Error, Result};
 use crate::stats::Stats;
@@ -180,7 +180,12 @@ impl Queue for ZkBackend {
         ZkEntry::new(entrant.dir.clone(), &stem)
     }
 
-    async fn create(&self, entrant: &ZkEntrant, entry: &ZkEntry, lease: &ZkLease) -> Result<u64> {
+    async fn create(
+        &self,
+        entrant: &ZkEntrant,
+        entry: &ZkEntry,
+        lease: &ZkLease,
+    ) -> Result<Position> {
         // Created by the lease's session, so it is that session's ephemeral node.
         let client = lease.client()?;
         let entry_path = entry.path(&entry.stem);
@@ -214,7 +219,7 @@ impl Queue for ZkBackend {
                     let position = u64::try_from(czxid)
                         .map_err(|_| protocol(CREATE, "the new entry has a negative czxid"))?;
                     entry.set(name, position);
-                    return Ok(position);
+                    return Ok(Position(position));
                 }
                 Err(zk::MultiWriteError::OperationFailed {
                     source: zk::Error::NoNode,
@@ -229,7 +234,7 @@ impl Queue for ZkBackend {
                     index: 0,
                     source: zk::Error::NodeExists,
                 }) => match self.id_holder(entrant, entry, &client).await? {
-                    IdHolder::Us(position) => return Ok(position),
+                    IdHolder::Us(position) => return Ok(Position(position)),
                     IdHolder::Stale => {}
                     IdHolder::Other(holder) => {
                         return Err(Error::DuplicateId {
@@ -255,9 +260,10 @@ impl Queue for ZkBackend {
         &self,
         _entrant: &ZkEntrant,
         entry: &ZkEntry,
-        position: u64,
+        position: Position,
     ) -> Result<Located<ZkEntry>> {
         const OP: &str = "find predecessor";
+        let position = position.0;
         let Some(own) = entry.at(position) else {
             return Ok(Located::Gone);
         };
@@ -301,7 +307,7 @@ impl Queue for ZkBackend {
             let Some((_, name)) = ahead else {
                 return Ok(Located::Exists {
                     ahead: None,
-                    at: position,
+                    at: ReadPoint(position),
                 });
             };
             // Its position is read after the listing and trusted only if it still exists then:
@@ -310,9 +316,9 @@ impl Queue for ZkBackend {
                 Some(stat) => {
                     let czxid = stat.czxid.max(0) as u64;
                     return Ok(Located::Exists {
-                        ahead: Some((ZkEntry::found(&entry.dir, &name, czxid), czxid)),
+                        ahead: Some((ZkEntry::found(&entry.dir, &name, czxid), Position(czxid))),
                         // ZooKeeper's watches need no read point (see `watch.rs`).
-                        at: position,
+                        at: ReadPoint(position),
                     });
                 }
                 // Deleted since the listing: look again.
@@ -322,7 +328,8 @@ impl Queue for ZkBackend {
         Err(kept_changing(OP, "the entries ahead keep changing"))
     }
 
-    async fn confirm(&self, entry: &ZkEntry, position: u64) -> Result<Option<ReadPoint>> {
+    async fn confirm(&self, entry: &ZkEntry, position: Position) -> Result<Option<ReadPoint>> {
+        let position = position.0;
         let Some(own) = entry.at(position) else {
             return Ok(None);
         };
@@ -335,7 +342,7 @@ impl Queue for ZkBackend {
         .await?;
         Ok(stat
             .filter(|stat| stat.czxid as u64 == position)
-            .map(|_| position))
+            .map(|_| ReadPoint(position)))
     }
 
     async fn watch_deletion(&self, entry: &ZkEntry, _after: ReadPoint) -> Result<ZkWatch> {
@@ -347,7 +354,8 @@ impl Queue for ZkBackend {
         ZkWatch::start(client, self.stats.clone(), entry.clone(), path, known.czxid).await
     }
 
-    async fn delete(&self, entrant: &ZkEntrant, entry: &ZkEntry, position: u64) -> Result<()> {
+    async fn delete(&self, entrant: &ZkEntrant, entry: &ZkEntry, position: Position) -> Result<()> {
+        let position = position.0;
         // Only the incarnation created at `position`: its name is unique to it.
         let Some(own) = entry.at(position) else {
             return Ok(());
@@ -395,7 +403,8 @@ impl Queue for ZkBackend {
         .await?
     }
 
-    fn guard(&self, entry: &ZkEntry, position: u64) -> GuardContext {
+    fn guard(&self, entry: &ZkEntry, position: Position) -> GuardContext {
+        let position = position.0;
         Arc::new(ZkFencer {
             main: self.main.clone(),
             stats: self.stats.clone(),
@@ -585,7 +594,7 @@ mod tests {
         assert_eq!(again.incarnation(), entry.incarnation());
         let participants = backend.participants(&spec.election).await.unwrap();
         assert_eq!(participants.len(), 1, "{participants:?}");
-        assert_eq!(participants[0].token, first);
+        assert_eq!(participants[0].token, first.token());
         assert_eq!(participants[0].value.as_deref(), Some("v"));
         // Another candidacy with the same id, even under the same session, is refused.
         let other = backend.entrant(&spec, 8);

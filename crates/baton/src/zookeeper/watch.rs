@@ -16,7 +16,7 @@ use zookeeper_client as zk;
 
 use super::queue::ZkEntry;
 use super::{ask, disconnected, request, REQUEST_TIMEOUT};
-use crate::driver::{EntryWatch, Fired};
+use crate::driver::{EntryWatch, Fired, Position};
 use crate::error::Result;
 use crate::stats::Stats;
 
@@ -44,7 +44,7 @@ impl ZkWatch {
         let (tx, fired) = oneshot::channel();
         let deleted = Fired::Deleted {
             entry,
-            revision: position,
+            position: Position(position),
         };
         if stat.is_none_or(|stat| stat.czxid as u64 != position) {
             let _ = tx.send(deleted);
