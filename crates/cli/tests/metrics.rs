@@ -184,8 +184,8 @@ fn leadership_moves_between_two_nodes_in_their_metrics_and_leader_json() {
 fn healthz_turns_503_while_renewals_stall_before_the_lease_runs_out_and_200_after() {
     let dir = scratch("metrics-stall");
     let election = unique("metrics-stall");
-    let proxy = Proxy::start(etcd());
-    let through_proxy = format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port);
+    let proxy = Proxy::start(server());
+    let through_proxy = url_at(&format!("127.0.0.1:{}", proxy.port));
     // A long TTL and frequent renewals: renewals count as stalled 2 s after the last answered
     // one, while the lease lasts almost 10 s.
     let flags = [

@@ -22,11 +22,11 @@ struct Setup {
 impl Setup {
     fn new(name: &str) -> Setup {
         let dir = scratch(name);
-        let proxy = Proxy::start(etcd());
+        let proxy = Proxy::start(server());
         Setup {
             dir,
             election: unique(name),
-            through_proxy: format!("etcd://127.0.0.1:{}/baton-cli-test", proxy.port),
+            through_proxy: url_at(&format!("127.0.0.1:{}", proxy.port)),
             direct: url(),
             proxy,
         }

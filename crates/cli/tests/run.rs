@@ -281,17 +281,23 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         "run --backend memory://x --election e -- true",
         "leader --backend memory://x --election e",
         "bench herd --backend memory://x",
+        "run --backend zk://127.0.0.1:1/x --election e -- true",
+        "run --backend zk://127.0.0.1:2181/zookeeper/x --election e -- true",
+        "leader --backend zk://127.0.0.1:2181/a//b --election e",
+        "run --backend ZK --election e --ttl 1s -- true",
+        "run --backend ZK --election e --ttl 100000h -- true",
     ];
     let url = url();
+    // ZooKeeper's session bounds (2 s to 20 s with the test server's tickTime of 1 s) are
+    // read from the server: a TTL outside them is refused before anything is created.
+    let zk = format!("zk://{}/baton-cli-test", zookeeper());
     for case in cases {
         let args: Vec<String> = case
             .split_whitespace()
-            .map(|arg| {
-                if arg == "URL" {
-                    url.clone()
-                } else {
-                    arg.to_string()
-                }
+            .map(|arg| match arg {
+                "URL" => url.clone(),
+                "ZK" => zk.clone(),
+                _ => arg.to_string(),
             })
             .collect();
         let output = baton().args(&args).output().unwrap();

@@ -8,15 +8,58 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Which backend the process tests run against: etcd by default, or the one named by
+/// `BATON_TEST_BACKEND` (`etcd`, `zookeeper`); `scripts/test` runs the fault tests on each, so
+/// every backend meets the same fault tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestBackend {
+    Etcd,
+    ZooKeeper,
+}
+
+pub fn backend() -> TestBackend {
+    match std::env::var("BATON_TEST_BACKEND").as_deref() {
+        Err(_) | Ok("etcd") => TestBackend::Etcd,
+        Ok("zookeeper") => TestBackend::ZooKeeper,
+        Ok(other) => panic!("BATON_TEST_BACKEND={other:?}: expected etcd or zookeeper"),
+    }
+}
+
 pub fn etcd() -> String {
     std::env::var("BATON_TEST_ETCD").expect(
         "BATON_TEST_ETCD is not set: run the tests with scripts/test, which starts a private etcd",
     )
 }
 
-pub fn url() -> String {
-    format!("etcd://{}/baton-cli-test", etcd())
+pub fn zookeeper() -> String {
+    std::env::var("BATON_TEST_ZK").expect(
+        "BATON_TEST_ZK is not set: run the tests with scripts/test, which starts a private \
+         ZooKeeper",
+    )
 }
+
+/// `host:port` of the server under test.
+pub fn server() -> String {
+    match backend() {
+        TestBackend::Etcd => etcd(),
+        TestBackend::ZooKeeper => zookeeper(),
+    }
+}
+
+/// The backend URL of the tests, reaching the server at `endpoint` (a proxy, say).
+pub fn url_at(endpoint: &str) -> String {
+    match backend() {
+        TestBackend::Etcd => format!("etcd://{endpoint}{ROOT}"),
+        TestBackend::ZooKeeper => format!("zk://{endpoint}{ROOT}"),
+    }
+}
+
+pub fn url() -> String {
+    url_at(&server())
+}
+
+/// The etcd prefix or ZooKeeper chroot of the tests.
+const ROOT: &str = "/baton-cli-test";
 
 pub fn baton() -> Command {
     use std::os::unix::process::CommandExt;
@@ -85,37 +128,77 @@ pub fn signal(pid: i32, signal: libc::c_int) {
     }
 }
 
-/// Deletes every key of `election` behind baton's back, as an operator with etcdctl would.
+/// Deletes every entry of `election` behind baton's back, as an operator would.
 pub fn delete_election_keys(election: &str) {
-    let status = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &etcd(), "del", "--prefix"])
-        .arg(format!("/baton-cli-test/{election}/"))
-        .stdout(Stdio::null())
-        .status()
-        .expect("etcdctl (from etcd-client) must be installed; scripts/test installs it");
-    assert!(status.success());
+    match backend() {
+        TestBackend::Etcd => {
+            let status = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &etcd(), "del", "--prefix"])
+                .arg(format!("{ROOT}/{election}/"))
+                .stdout(Stdio::null())
+                .status()
+                .expect("etcdctl (from etcd-client) must be installed; scripts/test installs it");
+            assert!(status.success());
+        }
+        TestBackend::ZooKeeper => zk_delete(election, usize::MAX),
+    }
 }
 
-/// Deletes only the leader's key of `election` (the lowest create revision), as an operator
-/// with etcdctl would: the leader loses, the waiters stay queued.
+/// Deletes only the leader's entry of `election` (the first in the queue), as an operator
+/// would: the leader loses, the waiters stay queued.
 pub fn delete_leader_key(election: &str) {
-    let output = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &etcd(), "get", "--prefix", "--keys-only"])
-        .args(["--sort-by=CREATE", "--order=ASCEND", "--limit=1"])
-        .arg(format!("/baton-cli-test/{election}/"))
-        .output()
-        .expect("etcdctl (from etcd-client) must be installed; scripts/test installs it");
-    let key = String::from_utf8(output.stdout).unwrap();
-    let key = key.lines().next().expect("the election has a leader key");
-    let status = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &etcd(), "del", key])
-        .stdout(Stdio::null())
-        .status()
+    match backend() {
+        TestBackend::Etcd => {
+            let output = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &etcd(), "get", "--prefix", "--keys-only"])
+                .args(["--sort-by=CREATE", "--order=ASCEND", "--limit=1"])
+                .arg(format!("{ROOT}/{election}/"))
+                .output()
+                .expect("etcdctl (from etcd-client) must be installed; scripts/test installs it");
+            let key = String::from_utf8(output.stdout).unwrap();
+            let key = key.lines().next().expect("the election has a leader key");
+            let status = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &etcd(), "del", key])
+                .stdout(Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        TestBackend::ZooKeeper => zk_delete(election, 1),
+    }
+}
+
+/// Deletes the first `count` entries of `election` in queue order (by the sequence number
+/// after the last `-`), through a raw ZooKeeper client.
+fn zk_delete(election: &str, count: usize) {
+    use zookeeper_client as zk;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
         .unwrap();
-    assert!(status.success());
+    runtime.block_on(async {
+        let client = zk::Client::connector()
+            .with_session_timeout(Duration::from_secs(10))
+            .connect(&zookeeper())
+            .await
+            .unwrap();
+        let folder = format!("{ROOT}/{election}/@candidates");
+        let mut names = client.list_children(&folder).await.unwrap();
+        names.sort_by_key(|name| {
+            let (_, sequence) = name.rsplit_once('-').unwrap();
+            sequence.parse::<u64>().unwrap()
+        });
+        assert!(!names.is_empty(), "{election} has no entry");
+        for name in names.into_iter().take(count) {
+            client
+                .delete(&format!("{folder}/{name}"), None)
+                .await
+                .unwrap();
+        }
+    });
 }
 
 /// `baton run --backend URL --election ELECTION --ttl 2s EXTRA.. -- sh -c SCRIPT`.
