@@ -447,3 +447,70 @@ async fn concurrent_compare_and_swaps_have_one_winner() {
         Some(winners[0].to_string().into_bytes())
     );
 }
+
+/// The ensemble server the leader's client is connected to is killed, and that client knows no
+/// other (its URL names that server alone): it cannot move its session, so it loses at its
+/// local deadline, and the waiter (connected to the other servers) leads only after the
+/// session expired at the ensemble, with a higher token.
+#[tokio::test]
+async fn the_leaders_own_server_killed_ends_the_term_before_the_waiter_leads() {
+    let mut ensemble = zk_support::PrivateEnsemble::start().await;
+    let only_first = format!("zk://{}{CHROOT}", ensemble.endpoint(0));
+    let others = format!(
+        "zk://{},{}{CHROOT}",
+        ensemble.endpoint(1),
+        ensemble.endpoint(2)
+    );
+    let a_backend = Backend::connect(&only_first).await.unwrap();
+    let b_backend = Backend::connect(&others).await.unwrap();
+    let config = config().with_ttl(Duration::from_secs(4));
+    let a = Election::new(&a_backend, "own-server", config.clone()).unwrap();
+    let b = Election::new(&b_backend, "own-server", config).unwrap();
+    let leadership = a.campaign("a").await.unwrap();
+    let old_token = leadership.token();
+    let mut waiter = b.candidacy("b").unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let killed = std::time::Instant::now();
+    ensemble.kill(0);
+    let reason = within("loss", Duration::from_secs(5), leadership.lost()).await;
+    let lost_after = killed.elapsed();
+    assert_eq!(reason, LossReason::LeaseExpired);
+    assert!(lost_after < Duration::from_secs(4), "{lost_after:?}");
+    let successor = within("takeover", Duration::from_secs(20), waiter.next())
+        .await
+        .unwrap();
+    let won_after = killed.elapsed();
+    assert!(won_after > lost_after, "{won_after:?} vs {lost_after:?}");
+    assert!(successor.token() > old_token);
+    successor.resign().await;
+    waiter.resign().await;
+}
+
+/// The standalone server crashes and restarts on the same data while a leader holds: the
+/// session survives a restart shorter than the TTL, so the term goes on (or, if it did not,
+/// ended at the local deadline); every later token is higher.
+#[tokio::test]
+async fn a_restarted_server_keeps_or_ends_the_term_safely() {
+    let mut server = zk_support::PrivateZk::start().await;
+    let url = server.url_at(CHROOT);
+    let backend = Backend::connect(&url).await.unwrap();
+    let config = config().with_ttl(Duration::from_secs(10));
+    let election = Election::new(&backend, "restart", config).unwrap();
+    let leadership = election.campaign("a").await.unwrap();
+    let old_token = leadership.token();
+    server.restart().await;
+    // Past the TTL: a term still held then was renewed by the restarted server.
+    match tokio::time::timeout(Duration::from_secs(11), leadership.lost()).await {
+        Err(_) => {
+            assert!(leadership.is_leading());
+            leadership.guarded_put("/restart/x", "1").await.unwrap();
+            leadership.resign().await;
+        }
+        Ok(reason) => assert_eq!(reason, LossReason::LeaseExpired),
+    }
+    let next = within("next term", Duration::from_secs(20), election.campaign("b"))
+        .await
+        .unwrap();
+    assert!(next.token() > old_token);
+    next.resign().await;
+}

@@ -124,6 +124,12 @@ macro_rules! conformance_suite {
             }
 
             #[tokio::test]
+            async fn one_resign_wakes_exactly_one_of_1000_waiters() {
+                conformance::check_one_resign_wakes_one_of_many_waiters(&$backend.url(), 1000, 20)
+                    .await;
+            }
+
+            #[tokio::test]
             async fn own_and_predecessor_deleted_at_once_never_elects_the_waiter() {
                 let backend = $backend;
                 conformance::check_own_and_predecessor_deleted_at_once(
@@ -446,6 +452,70 @@ pub async fn check_many_elections_share_one_lease(url: &str) {
         "50 elections renewed {many_renewals} times, one election {one_renewals}"
     );
     assert!(held.iter().all(|l| l.is_leading()));
+}
+
+/// `waiters` candidates spread over `connections` backends (so many waiters cost few
+/// connections and leases) queue behind one leader; one resign wakes exactly one of them, with
+/// one watch event among all, and the next in line leads.
+pub async fn check_one_resign_wakes_one_of_many_waiters(
+    url: &str,
+    waiters: usize,
+    connections: usize,
+) {
+    let name = unique("many");
+    let leader_backend = Backend::connect(url).await.unwrap();
+    let leader = Election::new(&leader_backend, &name, config())
+        .unwrap()
+        .campaign("leader")
+        .await
+        .unwrap();
+    let mut backends = Vec::new();
+    for _ in 0..connections {
+        backends.push(Backend::connect(url).await.unwrap());
+    }
+    let mut candidacies = Vec::new();
+    for i in 0..waiters {
+        let election = Election::new(&backends[i % connections], &name, config()).unwrap();
+        candidacies.push(election.candidacy(&format!("w{i}")).unwrap());
+    }
+    // Every waiter queued behind its predecessor.
+    let observer = Election::new(&leader_backend, &name, config()).unwrap();
+    within("all queued", Duration::from_secs(60), async {
+        while observer.participants().await.unwrap().len() < waiters + 1 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let wakeups = |b: &[Backend]| b.iter().map(|b| b.stats().wakeups).sum::<u64>();
+    let events = |b: &[Backend]| b.iter().map(|b| b.stats().watch_events).sum::<u64>();
+    let (wakeups_before, events_before) = (wakeups(&backends), events(&backends));
+    // The next in line is whoever queued first, in the backend's order.
+    let next_in_line = observer.participants().await.unwrap()[1].id.clone();
+    let index: usize = next_in_line.trim_start_matches('w').parse().unwrap();
+    leader.resign().await;
+    let first = within(
+        "the next waiter leads",
+        Duration::from_secs(5),
+        candidacies[index].next(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        wakeups(&backends) - wakeups_before,
+        1,
+        "one resign, one waiter woken"
+    );
+    assert_eq!(
+        events(&backends) - events_before,
+        1,
+        "one watch event among all waiters"
+    );
+    first.resign().await;
+    for candidacy in candidacies {
+        candidacy.resign().await;
+    }
 }
 
 pub async fn check_one_resign_wakes_exactly_one_waiter(url: &str, waiters: usize) {

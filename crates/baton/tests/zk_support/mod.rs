@@ -213,6 +213,13 @@ impl PrivateZk {
         );
     }
 
+    /// Restarts the server (SIGKILL, then the same port and data): sessions and znodes
+    /// survive, as after a crash.
+    pub async fn restart(&mut self) {
+        let min_session = self.min_session;
+        self.restart_with_min_session(min_session).await
+    }
+
     /// Restarts the server on the same port and data with another `minSessionTimeout`.
     pub async fn restart_with_min_session(&mut self, min_session: u32) {
         self.kill();
@@ -374,6 +381,16 @@ impl PrivateEnsemble {
 
     pub fn url_at(&self, chroot: &str) -> String {
         format!("zk://{}{chroot}", self.endpoints())
+    }
+
+    /// The endpoint of server `i` alone.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.servers[i].client_port)
+    }
+
+    /// Kills (SIGKILL) server `i`.
+    pub fn kill(&mut self, i: usize) {
+        self.servers[i].kill();
     }
 
     /// Kills (SIGKILL) the server that leads the ensemble; returns its index.
