@@ -59,6 +59,11 @@ struct ProcessArgs {
     /// implies --command-exit, since etcdctl releases its lock only when its command exits).
     #[arg(long)]
     etcdctl: bool,
+    /// Measure kazoo's `Election` (Python, `pip install kazoo`) running the command through
+    /// scripts/kazoo-election.py (or $BATON_KAZOO_SCRIPT), for comparison on a zk:// backend
+    /// (handoff only; implies --command-exit: kazoo releases when its function returns).
+    #[arg(long, conflicts_with = "etcdctl")]
+    kazoo: bool,
     /// Hand off by ending the leader's command (SIGKILL to it) instead of signalling the
     /// supervisor (handoff only).
     #[arg(long)]
@@ -148,6 +153,8 @@ enum Tool {
     Baton,
     /// `etcdctl lock NAME CMD`, for comparison.
     EtcdctlLock,
+    /// kazoo's `Election` running CMD, for comparison.
+    Kazoo,
 }
 
 /// One `baton run` whose command writes its token into a FIFO when it starts.
@@ -253,6 +260,31 @@ impl Runner {
                     .spawn()
                     .context("starting etcdctl lock (is etcd-client installed?)")?
             }
+            Tool::Kazoo => {
+                // kazoo has no tokens; the round number stands in so ordering is checked.
+                let script = format!("echo {round} > '{}'; exec sleep 100000", fifo.display());
+                let (hosts, chroot) = match baton::BackendUrl::parse(url)? {
+                    baton::BackendUrl::ZooKeeper { endpoints, chroot } => {
+                        (endpoints.join(","), chroot)
+                    }
+                    other => anyhow::bail!("kazoo needs a zk:// backend, not {other:?}"),
+                };
+                let harness = std::env::var("BATON_KAZOO_SCRIPT")
+                    .unwrap_or_else(|_| "scripts/kazoo-election.py".into());
+                Command::new("python3")
+                    .arg(&harness)
+                    .arg(format!("{hosts}{chroot}"))
+                    .arg(format!("/{election}"))
+                    .arg(name)
+                    .arg(ttl.as_secs_f64().to_string())
+                    .args(["--", "sh", "-c", &script])
+                    .process_group(0)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .with_context(|| format!("starting {harness} (python3 with kazoo)"))?
+            }
         };
         Ok(Runner {
             child,
@@ -346,16 +378,20 @@ async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyho
     let ttl = args.ttl;
     let rounds = args.rounds;
     let etcdctl = args.etcdctl;
-    let command_exit = args.command_exit || etcdctl;
+    let kazoo = args.kazoo;
+    let command_exit = args.command_exit || etcdctl || kazoo;
     if command_exit && signal != libc::SIGTERM {
         return Err(UsageError(
-            "--etcdctl and --command-exit apply to the handoff benchmark only".into(),
+            "--etcdctl, --kazoo and --command-exit apply to the handoff benchmark only".into(),
         )
         .into());
     }
     let label = match (etcdctl, command_exit) {
         (true, _) => {
             "etcdctl lock handoff (command exits -> successor's command running)".to_string()
+        }
+        (false, true) if kazoo => {
+            "kazoo Election handoff (command exits -> successor's command running)".to_string()
         }
         (false, true) => {
             "baton run handoff (command exits -> successor's command running)".to_string()
@@ -370,6 +406,8 @@ async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyho
         let mut samples = Vec::new();
         let tool = if etcdctl {
             Tool::EtcdctlLock
+        } else if kazoo {
+            Tool::Kazoo
         } else {
             Tool::Baton
         };
@@ -403,6 +441,8 @@ async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyho
     let mut samples = samples;
     let setting = if etcdctl {
         "etcdctl's own 60s lease".to_string()
+    } else if kazoo {
+        format!("session timeout {}", baton::format_duration(ttl))
     } else {
         format!("ttl {}", baton::format_duration(ttl))
     };
