@@ -60,30 +60,32 @@ stop_etcd() {
 # The Java class path of Debian's ZooKeeper (its jar's manifest names the libraries it needs).
 ZK_CLASSPATH=/usr/share/java/zookeeper.jar
 
-# start_zookeeper PORT: starts a standalone ZooKeeper on 127.0.0.1:PORT in a fresh directory;
-# sets ZK_PID and ZK_DIR. tickTime 1000 ms, so sessions of 2 s can be negotiated (the minimum is
-# set explicitly); no admin server, no connection limit per address (every baton Backend holds
-# two connections), no fsync (a test server).
+# start_zookeeper PORT [FSYNC]: starts a standalone ZooKeeper on 127.0.0.1:PORT in a fresh
+# directory; sets ZK_PID and ZK_DIR. tickTime 200 ms: ZooKeeper expires sessions on tick
+# boundaries, so a crashed holder's session ends within TTL + 200 ms (with the default 2 s tick,
+# TTL + 2 s); sessions from 2 s to 60 s (set explicitly); no admin server, no connection limit
+# per address (every baton Backend holds two connections). FSYNC (yes|no, default no: a test
+# server) is ZooKeeper's forceSync; scripts/bench measures with yes.
 start_zookeeper() {
-  local port=$1
+  local port=$1 fsync=${2:-no}
   if port_in_use "$port"; then
     log "port $port on 127.0.0.1 is already in use; choose a free port (see the top of $0)"
     exit 1
   fi
   ZK_DIR=$(mktemp -d /tmp/baton-zk.XXXXXX)
   cat >"$ZK_DIR/zoo.cfg" <<EOF
-tickTime=1000
+tickTime=200
 minSessionTimeout=2000
 maxSessionTimeout=60000
-initLimit=10
-syncLimit=5
+initLimit=50
+syncLimit=25
 dataDir=$ZK_DIR/data
 clientPort=$port
 clientPortAddress=127.0.0.1
 admin.enableServer=false
 maxClientCnxns=0
 4lw.commands.whitelist=srvr
-forceSync=no
+forceSync=$fsync
 EOF
   log "starting ZooKeeper on 127.0.0.1:$port (data in $ZK_DIR)"
   java -Xmx256m -cp "$ZK_CLASSPATH" org.apache.zookeeper.server.quorum.QuorumPeerMain \

@@ -288,7 +288,7 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         "run --backend ZK --election e --ttl 100000h -- true",
     ];
     let url = url();
-    // ZooKeeper's session bounds (2 s to 20 s with the test server's tickTime of 1 s) are
+    // ZooKeeper's session bounds (2 s to 60 s on the test server) are
     // read from the server: a TTL outside them is refused before anything is created.
     let zk = format!("zk://{}/baton-cli-test", zookeeper());
     for case in cases {
