@@ -490,56 +490,34 @@ impl ZkBackend {
     async fn delete_entry(&self, entrant: &ZkEntrant, path: &str, stem: &str) -> Result<()> {
         const OP: &str = "delete candidate entry";
         let client = self.main.client().await?;
-        let id_version = match ask(
+        // Our entry first, alone: its deletion is what wakes the next candidate, so nothing
+        // else may stand before it on the handoff's path.
+        match ask(&self.stats, REQUEST_TIMEOUT, OP, client.delete(path, None)).await? {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(error) => return Err(zk_error(OP, error)),
+        }
+        // Then our id entry, if it is still ours (it names our stem). Should this fail, the id
+        // entry goes with our session, and a later candidate with the id finds it stale (its
+        // entry is gone) and removes it.
+        let version = match ask(
             &self.stats,
             REQUEST_TIMEOUT,
             OP,
             client.get_data(&entrant.id_node),
         )
-        .await?
+        .await
         {
-            Ok((holder, stat)) if holder == stem.as_bytes() => Some(stat.version),
-            Ok(_) | Err(zk::Error::NoNode) => None,
-            Err(error) => return Err(zk_error(OP, error)),
+            Ok(Ok((holder, stat))) if holder == stem.as_bytes() => stat.version,
+            _ => return Ok(()),
         };
-        let mut multi = client.new_multi_writer();
-        multi
-            .add_delete(path, None)
-            .map_err(|error| zk_error(OP, error))?;
-        if let Some(version) = id_version {
-            multi
-                .add_delete(&entrant.id_node, Some(version))
-                .map_err(|error| zk_error(OP, error))?;
-        }
-        self.stats.request();
-        let (alone, version) = match bounded(REQUEST_TIMEOUT, OP, multi.commit()).await? {
-            Ok(_) => return Ok(()),
-            // Our entry is gone already; our id entry may not be.
-            Err(zk::MultiWriteError::OperationFailed {
-                index: 0,
-                source: zk::Error::NoNode,
-            }) => match id_version {
-                Some(version) => (entrant.id_node.as_str(), Some(version)),
-                None => return Ok(()),
-            },
-            // The id entry changed meanwhile: it is not ours to delete.
-            Err(zk::MultiWriteError::OperationFailed { index: 1, .. }) => (path, None),
-            Err(
-                zk::MultiWriteError::OperationFailed { source, .. }
-                | zk::MultiWriteError::RequestFailed { source },
-            ) => return Err(zk_error(OP, source)),
-        };
-        match ask(
+        let _ = ask(
             &self.stats,
             REQUEST_TIMEOUT,
             OP,
-            client.delete(alone, version),
+            client.delete(&entrant.id_node, Some(version)),
         )
-        .await?
-        {
-            Ok(()) | Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(()),
-            Err(error) => Err(zk_error(OP, error)),
-        }
+        .await;
+        Ok(())
     }
 }
 
