@@ -10,11 +10,13 @@ install_packages() {
   command -v protoc >/dev/null || missing+=(protobuf-compiler)
   [ -d /usr/include/google/protobuf ] || missing+=(libprotobuf-dev)
   [ -d /usr/share/zookeeper ] || missing+=(zookeeper)
+  command -v pgbouncer >/dev/null || missing+=(pgbouncer)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]} (Debian packages)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq etcd-server etcd-client zookeeper protobuf-compiler libprotobuf-dev >/dev/null
+    apt-get install -y -qq etcd-server etcd-client zookeeper pgbouncer protobuf-compiler \
+      libprotobuf-dev >/dev/null
   fi
 }
 
@@ -120,4 +122,45 @@ stop_zookeeper() {
     ZK_PID=""
   fi
   if [ -n "${ZK_DIR:-}" ]; then rm -rf "$ZK_DIR"; fi
+}
+
+# The machine's PostgreSQL 15 (Debian's postgresql-15; its own cluster stays stopped).
+PG_BIN=/usr/lib/postgresql/15/bin
+
+# start_postgres PORT: a private PostgreSQL cluster on 127.0.0.1:PORT in a fresh directory, run
+# as user postgres (its socket in that directory too), with pg_stat_statements loaded; a role
+# and a database `baton` (password `baton`, scram-sha-256 over TCP). Sets PG_DIR.
+start_postgres() {
+  local port=$1
+  if port_in_use "$port"; then
+    log "port $port on 127.0.0.1 is already in use; choose a free port (see the top of $0)"
+    exit 1
+  fi
+  PG_DIR=$(mktemp -d /tmp/baton-pg.XXXXXX)
+  chown postgres:postgres "$PG_DIR"
+  log "starting PostgreSQL on 127.0.0.1:$port (data in $PG_DIR)"
+  runuser -u postgres -- "$PG_BIN/initdb" -D "$PG_DIR/data" -U postgres --auth-local=trust \
+    --auth-host=scram-sha-256 >"$PG_DIR/initdb.log" 2>&1 \
+    || { log "initdb failed:"; cat "$PG_DIR/initdb.log" >&2; exit 1; }
+  cat >>"$PG_DIR/data/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$PG_DIR'
+shared_preload_libraries = 'pg_stat_statements'
+max_connections = 300
+CONF
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w start \
+    >/dev/null || { log "PostgreSQL failed to start:"; cat "$PG_DIR/postgres.log" >&2; exit 1; }
+  runuser -u postgres -- psql -h "$PG_DIR" -p "$port" -q -v ON_ERROR_STOP=1 -d postgres \
+    -c "CREATE ROLE baton LOGIN PASSWORD 'baton'" -c "CREATE DATABASE baton OWNER baton" >/dev/null
+  runuser -u postgres -- psql -h "$PG_DIR" -p "$port" -q -v ON_ERROR_STOP=1 -d baton \
+    -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+}
+
+stop_postgres() {
+  if [ -n "${PG_DIR:-}" ]; then
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true
+    rm -rf "$PG_DIR"
+    PG_DIR=""
+  fi
 }

@@ -90,6 +90,15 @@ impl Backend {
     /// `memory://NAME` (a store inside this process, for tests: see [`crate::MemoryStore`]).
     pub async fn connect(url: &str) -> Result<Backend> {
         match BackendUrl::parse(url)? {
+            #[cfg(feature = "postgres")]
+            BackendUrl::Postgres { url, schema } => Ok(Backend {
+                connection: Arc::new(crate::postgres::PgBackend::connect(&url, schema).await?),
+            }),
+            #[cfg(not(feature = "postgres"))]
+            BackendUrl::Postgres { .. } => Err(Error::InvalidUrl {
+                url: crate::url::redact(url),
+                reason: "this build has no PostgreSQL support (feature \"postgres\")".into(),
+            }),
             BackendUrl::Memory { name } => Ok(Backend {
                 connection: Arc::new(crate::memory::MemoryBackend::connect(&name)?),
             }),

@@ -29,6 +29,8 @@ mod health;
 mod lease_driver;
 mod memory;
 pub mod metrics;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod runner;
 mod stats;
 mod url;

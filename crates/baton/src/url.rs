@@ -41,6 +41,14 @@ pub enum BackendUrl {
         /// trailing one (created if missing).
         chroot: String,
     },
+    /// A PostgreSQL database (`postgres://` or `postgresql://`, libpq's URL form).
+    Postgres {
+        /// The URL without baton's own `schema` parameter (passwords stay in it: never print
+        /// it, see [`redact`]).
+        url: String,
+        /// The schema baton's tables live in (`schema=NAME`, default `baton`).
+        schema: String,
+    },
     /// The in-memory store of this process called `name` (see [`crate::MemoryStore`]).
     Memory {
         /// The store's name.
@@ -74,15 +82,10 @@ impl BackendUrl {
                     name: name.to_string(),
                 });
             }
-            "postgres" | "postgresql" => {
-                return Err(invalid(&format!(
-                    "the {scheme} backend is not available in this build (supported: etcd, zk, \
-                     memory)"
-                )))
-            }
+            "postgres" | "postgresql" => return parse_postgres(url),
             _ => {
                 return Err(invalid(&format!(
-                    "unknown scheme {scheme:?} (supported: etcd, zk, memory)"
+                    "unknown scheme {scheme:?} (supported: etcd, zk, postgres, memory)"
                 )))
             }
         };
@@ -181,6 +184,58 @@ pub(crate) fn zookeeper_path_problem(path: &str) -> Option<&'static str> {
     None
 }
 
+/// A PostgreSQL URL: libpq's form, plus baton's `schema=NAME` (an identifier: lower-case
+/// letters, digits and `_`, at most 40 characters, not starting with a digit).
+fn parse_postgres(url: &str) -> Result<BackendUrl> {
+    let invalid = |reason: &str| Error::InvalidUrl {
+        url: redact(url),
+        reason: reason.to_string(),
+    };
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut schema = "baton".to_string();
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("schema", value)) => schema = value.to_string(),
+            _ => kept.push(pair),
+        }
+    }
+    let identifier = !schema.is_empty()
+        && schema.len() <= 40
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !schema.starts_with(|c: char| c.is_ascii_digit());
+    if !identifier {
+        return Err(invalid(
+            "schema must be lower-case letters, digits and '_' (at most 40, not starting with a \
+             digit)",
+        ));
+    }
+    let url = if kept.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok(BackendUrl::Postgres { url, schema })
+}
+
+/// `url` with any password replaced by `***`, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, hosts)) => match user_info.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{hosts}{tail}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,7 +317,7 @@ mod tests {
             ("etcd://host/prefix", "no port"),
             ("etcd://host:99999", "invalid port"),
             ("etcd://:2379", "no host name"),
-            ("postgres://h:5432", "not available"),
+            ("postgres://u@h/db?schema=Bad-Name", "schema must be"),
             ("zk://h:1/a//b", "empty segments"),
             ("zk://h:1/a/../b", "\"..\""),
             ("zk://h:1/zookeeper/x", "inside /zookeeper"),

@@ -1,0 +1,1418 @@
+//! The PostgreSQL backend, `postgres://user[:password]@host:port/db?schema=NAME` (feature
+//! `postgres`).
+//!
+//! Tables in the schema (created on first use, with a schema version): `sessions` (one row per
+//! lease: its TTL and `expires_at`, decided only by the database's `clock_timestamp()`),
+//! `elections` (one row per election with its `epoch`), `entries` (one row per candidate, bound
+//! to its session, deleted with it), `data` (fenced values) and `fences` (for fencing inside the
+//! user's own transactions, see [`fence_sql`]).
+//!
+//! - **Queue order is commit order**: an entry is created in one statement that bumps its
+//!   election's epoch (`INSERT … ON CONFLICT DO UPDATE`), so the election's row lock serializes
+//!   creators until they commit; the new epoch is the entry's position and, for the leader, its
+//!   fencing token: a bigint that strictly increases per election and survives restarts.
+//! - **Lease = session row**, renewed by a conditional `UPDATE … WHERE expires_at >
+//!   clock_timestamp()`: a renewal is a statement whose answer baton sees, and the local
+//!   deadline counts from the send time of the acknowledged one (rule 1). Rows of expired
+//!   sessions are deleted by any live client (their entries go with them), no cron job.
+//! - **Waiting**: deleting an entry notifies (`pg_notify`, one channel per schema) and only the
+//!   candidate watching that entry wakes; as a fallback against a lost notification, and to
+//!   notice a crashed holder, a watcher also looks again when the entry's session is due to
+//!   expire, measured by the database's clock (no client clock is compared).
+//! - **Fencing**: a fenced transaction locks the leader's entry row (`FOR UPDATE`), so the
+//!   entry cannot be deleted (and no successor can lead) until the transaction ends.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_core::{BackendLimits, ElectionConfig};
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::{Client, NoTls};
+
+use crate::backend::{BoxFuture, Connection, Fencer};
+use crate::clock::Clock;
+use crate::driver::{
+    EntryWatch, Fired, LeasePool, Located, Position, Queue, QueueLease, ReadPoint, TokenMemory,
+};
+use crate::election::{CandidateSpec, Command, GuardContext, LeaderInfo, Leadership, Observed};
+use crate::error::{Error, Result};
+use crate::fenced::{FencedCompare, FencedOp, FencedTxn, FencedTxnResponse};
+use crate::lease_driver::{start_lease, LeaseHandle, LeaseTransport};
+use crate::stats::Stats;
+
+const BACKEND: &str = "postgres";
+
+/// The schema layout this release creates and expects.
+const SCHEMA_VERSION: i32 = 1;
+
+/// Bound on every statement (and on connecting).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connections a backend keeps for its statements (renewals and notifications have their own).
+const POOL: usize = 4;
+
+/// The longest a watcher waits without looking again (a lost notification).
+const POLL_LIMIT: Duration = Duration::from_secs(5);
+
+/// Leases are rows with an interval: any TTL from 10 ms, in milliseconds.
+pub(crate) const LIMITS: BackendLimits = BackendLimits {
+    min_ttl: Duration::from_millis(100),
+    max_ttl: Duration::from_secs(365 * 86_400),
+    ttl_step: Duration::from_millis(1),
+};
+
+/// A statement's failure as baton's error: a connection that is gone is `Unreachable`; the
+/// database's own refusals (permission, bad request) are not retryable.
+fn pg_error(operation: &'static str, error: tokio_postgres::Error) -> Error {
+    crate::metrics::backend_error(operation);
+    let Some(db) = error.as_db_error() else {
+        return Error::Unreachable {
+            backend: BACKEND,
+            endpoints: String::new(),
+            detail: format!("{} (during {operation})", one_line(&error)),
+        };
+    };
+    // Class 08 connection exception, 40 transaction rollback, 53 insufficient resources,
+    // 57 operator intervention (shutdown, terminated): transient. The rest are refusals.
+    let code = db.code().code();
+    let retryable = ["08", "40", "53", "57"].iter().any(|c| code.starts_with(c));
+    Error::Backend {
+        backend: BACKEND,
+        operation,
+        detail: format!("{} ({code})", db.message()),
+        retryable,
+        source: Some(Box::new(error)),
+    }
+}
+
+/// The most telling line of an error (tokio-postgres nests the OS error).
+fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut deepest = error.to_string();
+    let mut source = error.source();
+    while let Some(current) = source {
+        deepest = current.to_string();
+        source = current.source();
+    }
+    deepest
+}
+
+/// Runs `call` within `limit`, counting it and mapping its failure.
+async fn bounded<T>(
+    stats: &Stats,
+    operation: &'static str,
+    call: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> Result<T> {
+    stats.request();
+    match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(pg_error(operation, error)),
+        Err(_) => {
+            crate::metrics::backend_error(operation);
+            Err(Error::Timeout {
+                operation,
+                after_ms: REQUEST_TIMEOUT.as_millis() as u64,
+            })
+        }
+    }
+}
+
+/// Opens one connection and spawns its driver; notifications, if any, go to `notices`.
+async fn open(
+    config: &tokio_postgres::Config,
+    label: &str,
+    notices: Option<mpsc::UnboundedSender<String>>,
+) -> Result<Client> {
+    let unreachable = |detail: String| Error::Unreachable {
+        backend: BACKEND,
+        endpoints: label.to_string(),
+        detail,
+    };
+    let (client, mut connection) =
+        match tokio::time::timeout(REQUEST_TIMEOUT, config.connect(NoTls)).await {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(error)) => {
+                if let Some(db) = error.as_db_error() {
+                    // Refused by the server (password, database, role): bad input, not an outage.
+                    return Err(Error::Backend {
+                        backend: BACKEND,
+                        operation: "connect",
+                        detail: format!("{} ({})", db.message(), db.code().code()),
+                        retryable: false,
+                        source: Some(Box::new(error)),
+                    });
+                }
+                return Err(unreachable(one_line(&error)));
+            }
+            Err(_) => return Err(unreachable("no answer within 5s".into())),
+        };
+    tokio::spawn(async move {
+        loop {
+            let message = std::future::poll_fn(|cx| connection.poll_message(cx)).await;
+            match message {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(note))) => {
+                    if let Some(notices) = &notices {
+                        let _ = notices.send(note.payload().to_string());
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return,
+            }
+        }
+    });
+    Ok(client)
+}
+
+/// A few connections, each used by one task at a time (a transaction needs its connection to
+/// itself); a broken one is replaced on its next use.
+struct Pool {
+    config: tokio_postgres::Config,
+    label: String,
+    slots: Vec<tokio::sync::Mutex<Option<Client>>>,
+    next: AtomicUsize,
+}
+
+impl Pool {
+    async fn get(&self) -> Result<tokio::sync::MappedMutexGuard<'_, Client>> {
+        // Any free slot; else wait for the next one in turn.
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut slot = None;
+        for i in 0..self.slots.len() {
+            if let Ok(guard) = self.slots[(start + i) % self.slots.len()].try_lock() {
+                slot = Some(guard);
+                break;
+            }
+        }
+        let mut slot = match slot {
+            Some(slot) => slot,
+            None => self.slots[start % self.slots.len()].lock().await,
+        };
+        if slot.as_ref().is_none_or(Client::is_closed) {
+            *slot = Some(open(&self.config, &self.label, None).await?);
+        }
+        Ok(tokio::sync::MutexGuard::map(slot, |client| {
+            client.as_mut().expect("connected above")
+        }))
+    }
+}
+
+/// Candidates waiting for a deletion, and observers, by election; fed by the LISTEN
+/// connection.
+#[derive(Default)]
+struct Hub {
+    /// (election, position) → the watches of that entry.
+    deletions: HashMap<(String, u64), Vec<oneshot::Sender<Fired<PgEntry>>>>,
+    /// election → observers of its changes.
+    observers: HashMap<String, Vec<mpsc::UnboundedSender<Seen>>>,
+    /// Whether the LISTEN connection is up (notifications may be lost while it is not).
+    listening: bool,
+}
+
+/// What an observer hears.
+#[derive(Debug)]
+enum Seen {
+    Changed,
+    Unavailable(String),
+}
+
+/// A connection to PostgreSQL.
+pub(crate) struct PgBackend {
+    schema: String,
+    channel: String,
+    pool: Pool,
+    hub: Arc<Mutex<Hub>>,
+    clock: Clock,
+    leases: LeasePool<PgLease>,
+    tokens: TokenMemory,
+    stats: Arc<Stats>,
+    next_candidate: AtomicU64,
+}
+
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("at", &self.pool.label)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The SQL that creates baton's tables in `schema` (idempotent).
+fn schema_sql(schema: &str, channel: &str) -> String {
+    format!(
+        r#"
+CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {schema}.meta (version int NOT NULL);
+CREATE TABLE IF NOT EXISTS {schema}.sessions (
+    id bigserial PRIMARY KEY,
+    ttl interval NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {schema}.elections (
+    name text PRIMARY KEY,
+    epoch bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {schema}.entries (
+    election text NOT NULL,
+    position bigint NOT NULL,
+    name text NOT NULL,
+    candidate text NOT NULL,
+    value text NOT NULL,
+    session bigint NOT NULL REFERENCES {schema}.sessions (id) ON DELETE CASCADE,
+    PRIMARY KEY (election, position),
+    UNIQUE (election, name),
+    UNIQUE (election, candidate)
+);
+CREATE INDEX IF NOT EXISTS entries_session ON {schema}.entries (session);
+CREATE TABLE IF NOT EXISTS {schema}.data (key text PRIMARY KEY, value bytea NOT NULL);
+CREATE TABLE IF NOT EXISTS {schema}.fences (resource text PRIMARY KEY, token bigint NOT NULL);
+CREATE OR REPLACE FUNCTION {schema}.entry_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_notify('{channel}', 'D' || chr(9) || OLD.election || chr(9) || OLD.position);
+        RETURN OLD;
+    END IF;
+    PERFORM pg_notify('{channel}', 'I' || chr(9) || NEW.election || chr(9) || NEW.position);
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS entry_changed ON {schema}.entries;
+CREATE TRIGGER entry_changed AFTER INSERT OR DELETE ON {schema}.entries
+    FOR EACH ROW EXECUTE FUNCTION {schema}.entry_changed();
+CREATE OR REPLACE FUNCTION {schema}.fence(resource text, token bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {schema}.fences AS f (resource, token) VALUES (resource, token)
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE SET token = EXCLUDED.token
+    WHERE f.token <= EXCLUDED.token;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'baton: stale fencing token % for %', token, resource
+            USING ERRCODE = '40001';
+    END IF;
+END $$;
+"#
+    )
+}
+
+/// The SQL a script runs inside its own transaction to fence `resource` with its token (from
+/// `BATON_TOKEN`): a stale token raises an error, so nothing of the transaction commits.
+pub fn fence_sql(schema: &str) -> String {
+    format!("SELECT {schema}.fence($1, $2)")
+}
+
+impl PgBackend {
+    pub(crate) async fn connect(url: &str, schema: String) -> Result<PgBackend> {
+        let config: tokio_postgres::Config = url.parse().map_err(|error| Error::InvalidUrl {
+            url: crate::url::redact(url),
+            reason: one_line(&error),
+        })?;
+        let label = config
+            .get_hosts()
+            .iter()
+            .zip(config.get_ports().iter().chain(std::iter::repeat(&5432)))
+            .map(|(host, port)| match host {
+                tokio_postgres::config::Host::Tcp(host) => format!("{host}:{port}"),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let channel = format!("baton_{schema}");
+        let stats = Arc::new(Stats::default());
+        let pool = Pool {
+            config,
+            label,
+            slots: (0..POOL).map(|_| tokio::sync::Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+        };
+        let backend = PgBackend {
+            schema,
+            channel,
+            pool,
+            hub: Arc::new(Mutex::new(Hub::default())),
+            clock: Clock::new(),
+            leases: LeasePool::default(),
+            tokens: TokenMemory::default(),
+            stats,
+            next_candidate: AtomicU64::new(0),
+        };
+        backend.create_schema().await?;
+        backend.listen().await?;
+        Ok(backend)
+    }
+
+    /// Creates the tables (once per database: an advisory lock keeps concurrent first uses
+    /// apart) and checks the schema version.
+    async fn create_schema(&self) -> Result<()> {
+        let mut client = self.pool.get().await?;
+        let sql = schema_sql(&self.schema, &self.channel);
+        let transaction = bounded(&self.stats, "create schema", client.transaction()).await?;
+        bounded(
+            &self.stats,
+            "create schema",
+            transaction.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('baton schema'))",
+                &[],
+            ),
+        )
+        .await?;
+        bounded(
+            &self.stats,
+            "create schema",
+            transaction.batch_execute(&sql),
+        )
+        .await?;
+        let version: Option<i32> = bounded(
+            &self.stats,
+            "create schema",
+            transaction.query_opt(&format!("SELECT version FROM {}.meta", self.schema), &[]),
+        )
+        .await?
+        .map(|row| row.get(0));
+        match version {
+            None => {
+                let insert = format!("INSERT INTO {}.meta (version) VALUES ($1)", self.schema);
+                bounded(
+                    &self.stats,
+                    "create schema",
+                    transaction.execute(&insert, &[&SCHEMA_VERSION]),
+                )
+                .await?;
+            }
+            Some(SCHEMA_VERSION) => {}
+            Some(other) => {
+                return Err(Error::Unsupported(format!(
+                    "schema {} has baton's layout version {other}; this release knows {}",
+                    self.schema, SCHEMA_VERSION
+                )))
+            }
+        }
+        bounded(&self.stats, "create schema", transaction.commit()).await
+    }
+
+    /// Starts the LISTEN connection and the task that dispatches its notifications, and keeps
+    /// it up (reconnecting) for as long as the backend lives.
+    async fn listen(&self) -> Result<()> {
+        let (tx, mut notes) = mpsc::unbounded_channel();
+        let client = open(&self.pool.config, &self.pool.label, Some(tx)).await?;
+        bounded(
+            &self.stats,
+            "listen",
+            client.batch_execute(&format!("LISTEN {}", self.channel)),
+        )
+        .await?;
+        self.hub.lock().unwrap_or_else(|e| e.into_inner()).listening = true;
+        let hub = Arc::downgrade(&self.hub);
+        let config = self.pool.config.clone();
+        let label = self.pool.label.clone();
+        let channel = self.channel.clone();
+        tokio::spawn(async move {
+            let mut client = client;
+            loop {
+                while let Some(note) = notes.recv().await {
+                    let Some(hub) = hub.upgrade() else { return };
+                    dispatch(&hub, &note);
+                }
+                // The connection broke: watches may miss deletions now; they look again.
+                let Some(strong) = hub.upgrade() else { return };
+                break_all(&strong, "the notification connection broke");
+                drop(strong);
+                drop(client);
+                loop {
+                    tokio::time::sleep(crate::driver::RETRY_PAUSE).await;
+                    if hub.strong_count() == 0 {
+                        return;
+                    }
+                    let (tx, fresh) = mpsc::unbounded_channel();
+                    let Ok(opened) = open(&config, &label, Some(tx)).await else {
+                        continue;
+                    };
+                    if opened
+                        .batch_execute(&format!("LISTEN {channel}"))
+                        .await
+                        .is_ok()
+                    {
+                        client = opened;
+                        notes = fresh;
+                        if let Some(hub) = hub.upgrade() {
+                            let mut hub = hub.lock().unwrap_or_else(|e| e.into_inner());
+                            hub.listening = true;
+                            for observers in hub.observers.values_mut() {
+                                observers.retain(|o| o.send(Seen::Changed).is_ok());
+                            }
+                        }
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Deletes the sessions whose time is up (their entries go with them, notifying).
+    async fn clean_up(&self, client: &Client) -> Result<()> {
+        let sql = format!(
+            "DELETE FROM {}.sessions WHERE expires_at <= clock_timestamp()",
+            self.schema
+        );
+        bounded(
+            &self.stats,
+            "remove expired sessions",
+            client.execute(&sql, &[]),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The first live entry of `election` (sessions not yet expired only).
+    async fn first(&self, client: &Client, election: &str) -> Result<Option<LeaderInfo>> {
+        let sql = format!(
+            "SELECT e.position, e.value FROM {s}.entries e JOIN {s}.sessions ss ON ss.id = \
+             e.session WHERE e.election = $1 AND ss.expires_at > clock_timestamp() \
+             ORDER BY e.position LIMIT 1",
+            s = self.schema
+        );
+        let row = bounded(
+            &self.stats,
+            "get leader",
+            client.query_opt(&sql, &[&election]),
+        )
+        .await?;
+        Ok(row.map(|row| describe(row.get(0), row.get(1))))
+    }
+}
+
+/// Routes one notification (`D|I <tab> election <tab> position`) to its watchers and observers.
+fn dispatch(hub: &Mutex<Hub>, note: &str) {
+    let mut parts = note.splitn(3, '\t');
+    let (Some(kind), Some(election), Some(position)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return;
+    };
+    let Ok(position) = position.parse::<u64>() else {
+        return;
+    };
+    let mut hub = hub.lock().unwrap_or_else(|e| e.into_inner());
+    if kind == "D" {
+        if let Some(watches) = hub.deletions.remove(&(election.to_string(), position)) {
+            for watch in watches {
+                let _ = watch.send(Fired::Deleted {
+                    entry: PgEntry {
+                        election: election.to_string(),
+                        name: String::new(),
+                    },
+                    position: Position(position),
+                });
+            }
+        }
+    }
+    if let Some(observers) = hub.observers.get_mut(election) {
+        observers.retain(|o| o.send(Seen::Changed).is_ok());
+    }
+}
+
+/// The notification connection broke: every watch is broken, observers are told.
+fn break_all(hub: &Mutex<Hub>, reason: &str) {
+    let mut hub = hub.lock().unwrap_or_else(|e| e.into_inner());
+    hub.listening = false;
+    for (_, watches) in hub.deletions.drain() {
+        for watch in watches {
+            let _ = watch.send(Fired::Broken);
+        }
+    }
+    for observers in hub.observers.values_mut() {
+        observers.retain(|o| o.send(Seen::Unavailable(reason.to_string())).is_ok());
+    }
+}
+
+fn describe(position: i64, value: String) -> LeaderInfo {
+    let (id, value) = match value.split_once('\n') {
+        Some((id, value)) => (id.to_string(), Some(value.to_string())),
+        None => (value, None),
+    };
+    LeaderInfo {
+        id,
+        token: u64::try_from(position).unwrap_or(0),
+        value,
+    }
+}
+
+/// A lease: a session row.
+#[derive(Debug)]
+pub(crate) struct PgLease {
+    id: i64,
+    handle: LeaseHandle,
+}
+
+impl QueueLease for PgLease {
+    fn handle(&self) -> &LeaseHandle {
+        &self.handle
+    }
+}
+
+/// Grants and renewals of one session row, on a connection of its own (renewals never queue
+/// behind other statements), one statement at a time in send order.
+struct PgLeaseTransport {
+    config: tokio_postgres::Config,
+    label: String,
+    schema: String,
+    stats: Arc<Stats>,
+    client: Option<Client>,
+    id: i64,
+    answers: mpsc::UnboundedReceiver<Result<Duration>>,
+    sends: mpsc::UnboundedSender<()>,
+    on_grant: Option<oneshot::Sender<i64>>,
+}
+
+impl PgLeaseTransport {
+    async fn client(&mut self) -> Result<&Client> {
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            self.client = Some(open(&self.config, &self.label, None).await?);
+        }
+        Ok(self.client.as_ref().expect("connected above"))
+    }
+}
+
+impl LeaseTransport for PgLeaseTransport {
+    async fn grant(&mut self, ttl: Duration) -> Result<Duration> {
+        let sql = format!(
+            "INSERT INTO {}.sessions (ttl, expires_at) VALUES \
+             (make_interval(secs => $1), clock_timestamp() + make_interval(secs => $1)) \
+             RETURNING id",
+            self.schema
+        );
+        let seconds = ttl.as_secs_f64();
+        let stats = self.stats.clone();
+        let client = self.client().await?;
+        let row = bounded(&stats, "lease grant", client.query_one(&sql, &[&seconds])).await?;
+        self.id = row.get(0);
+        if let Some(tx) = self.on_grant.take() {
+            let _ = tx.send(self.id);
+        }
+        Ok(ttl)
+    }
+
+    async fn send_renewal(&mut self) -> Result<()> {
+        self.stats.renewals.fetch_add(1, Ordering::Relaxed);
+        // Sent and answered in order by the worker below (one statement at a time).
+        self.sends.send(()).map_err(|_| Error::Closed)
+    }
+
+    async fn next_renewal(&mut self) -> Result<Duration> {
+        // The renewal worker owns no connection of ours: answer here, in send order.
+        match self.answers.recv().await {
+            Some(answer) => answer,
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn revoke(&mut self) -> Result<()> {
+        let sql = format!("DELETE FROM {}.sessions WHERE id = $1", self.schema);
+        let id = self.id;
+        let stats = self.stats.clone();
+        let client = self.client().await?;
+        bounded(&stats, "lease revoke", client.execute(&sql, &[&id])).await?;
+        Ok(())
+    }
+}
+
+/// Runs renewals of session `id` one at a time, answering each with the TTL the row now has
+/// (zero when the session is gone or expired).
+async fn renew_worker(
+    config: tokio_postgres::Config,
+    label: String,
+    schema: String,
+    stats: Arc<Stats>,
+    id: oneshot::Receiver<i64>,
+    mut sends: mpsc::UnboundedReceiver<()>,
+    answers: mpsc::UnboundedSender<Result<Duration>>,
+) {
+    let Ok(id) = id.await else { return };
+    let sql = format!(
+        "UPDATE {schema}.sessions SET expires_at = clock_timestamp() + ttl \
+         WHERE id = $1 AND expires_at > clock_timestamp() \
+         RETURNING extract(epoch FROM ttl)::float8"
+    );
+    let mut client: Option<Client> = None;
+    while sends.recv().await.is_some() {
+        let answer = async {
+            if client.as_ref().is_none_or(Client::is_closed) {
+                client = Some(open(&config, &label, None).await?);
+            }
+            let client = client.as_ref().expect("connected above");
+            let row = bounded(&stats, "lease keepalive", client.query_opt(&sql, &[&id])).await?;
+            Ok(row.map_or(Duration::ZERO, |row| {
+                Duration::from_secs_f64(row.get::<_, f64>(0).max(0.0))
+            }))
+        }
+        .await;
+        if answers.send(answer).is_err() {
+            return;
+        }
+    }
+}
+
+/// A candidate's entry: its election and its name there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PgEntry {
+    election: String,
+    name: String,
+}
+
+/// One candidacy's place.
+pub(crate) struct PgEntrant {
+    election: String,
+    id: String,
+    serial: u64,
+    value: String,
+}
+
+/// A deletion watch: a notification, or a look at the entry when its session is due.
+pub(crate) struct PgWatch {
+    fired: Option<oneshot::Receiver<Fired<PgEntry>>>,
+    task: tokio::task::JoinHandle<()>,
+    stats: Arc<Stats>,
+}
+
+impl Drop for PgWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl EntryWatch<PgEntry> for PgWatch {
+    async fn fired(&mut self) -> Fired<PgEntry> {
+        let Some(fired) = self.fired.as_mut() else {
+            return std::future::pending().await;
+        };
+        let outcome = fired.await.unwrap_or(Fired::Broken);
+        self.fired = None;
+        if matches!(outcome, Fired::Deleted { .. }) {
+            self.stats.watch_events.fetch_add(1, Ordering::Relaxed);
+        }
+        outcome
+    }
+}
+
+impl Queue for PgBackend {
+    type Lease = PgLease;
+    type Entry = PgEntry;
+    type Entrant = PgEntrant;
+    type Watch = PgWatch;
+
+    fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    fn tokens(&self) -> &TokenMemory {
+        &self.tokens
+    }
+
+    fn is_closed(&self) -> bool {
+        self.leases.is_closed()
+    }
+
+    fn entrant(&self, spec: &CandidateSpec, serial: u64) -> PgEntrant {
+        PgEntrant {
+            election: spec.election.clone(),
+            id: spec.id.clone(),
+            serial,
+            value: match &spec.value {
+                Some(value) => format!("{}\n{value}", spec.id),
+                None => spec.id.clone(),
+            },
+        }
+    }
+
+    async fn lease(&self, config: &ElectionConfig) -> Result<Arc<PgLease>> {
+        self.leases
+            .get(config, async {
+                let (id_tx, id_rx) = oneshot::channel();
+                let (worker_id_tx, worker_id_rx) = oneshot::channel();
+                let (sends_tx, sends_rx) = mpsc::unbounded_channel();
+                let (answers_tx, answers_rx) = mpsc::unbounded_channel();
+                tokio::spawn(renew_worker(
+                    self.pool.config.clone(),
+                    self.pool.label.clone(),
+                    self.schema.clone(),
+                    self.stats.clone(),
+                    worker_id_rx,
+                    sends_rx,
+                    answers_tx,
+                ));
+                let transport = PgLeaseTransport {
+                    config: self.pool.config.clone(),
+                    label: self.pool.label.clone(),
+                    schema: self.schema.clone(),
+                    stats: self.stats.clone(),
+                    client: None,
+                    id: 0,
+                    answers: answers_rx,
+                    sends: sends_tx,
+                    on_grant: Some(id_tx),
+                };
+                let handle = start_lease(transport, config.clone(), self.clock.clone()).await?;
+                let id = id_rx.await.map_err(|_| Error::Closed)?;
+                let _ = worker_id_tx.send(id);
+                Ok(PgLease { id, handle })
+            })
+            .await
+    }
+
+    async fn release_lease(&self, lease: Arc<PgLease>) {
+        self.leases.release(lease).await
+    }
+
+    async fn abandon_lease(&self, lease: &Arc<PgLease>) {
+        self.leases.abandon(lease).await
+    }
+
+    fn entry_name(&self, entrant: &PgEntrant, lease: &PgLease) -> PgEntry {
+        PgEntry {
+            election: entrant.election.clone(),
+            name: format!("{:016x}-{}", lease.id, entrant.serial),
+        }
+    }
+
+    async fn create(
+        &self,
+        entrant: &PgEntrant,
+        entry: &PgEntry,
+        lease: &PgLease,
+    ) -> Result<Position> {
+        const OP: &str = "create candidate entry";
+        let s = &self.schema;
+        // One statement: the epoch bump takes the election's row lock, held to commit, so
+        // entries are numbered in commit order. Only under a live session.
+        let insert = format!(
+            "WITH e AS (INSERT INTO {s}.elections AS el (name, epoch) VALUES ($1, 1) \
+             ON CONFLICT (name) DO UPDATE SET epoch = el.epoch + 1 RETURNING epoch) \
+             INSERT INTO {s}.entries (election, position, name, candidate, value, session) \
+             SELECT $1, e.epoch, $2, $3, $4, $5 FROM e WHERE EXISTS (SELECT 1 FROM {s}.sessions \
+             WHERE id = $5 AND expires_at > clock_timestamp()) RETURNING position"
+        );
+        let holders = format!(
+            "SELECT e.position, e.name, e.session, ss.expires_at > clock_timestamp() \
+             FROM {s}.entries e JOIN {s}.sessions ss ON ss.id = e.session \
+             WHERE e.election = $1 AND (e.name = $2 OR e.candidate = $3)"
+        );
+        let client = self.pool.get().await?;
+        for _ in 0..3 {
+            self.stats.request();
+            let answer = tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                client.query_opt(
+                    &insert,
+                    &[
+                        &entrant.election,
+                        &entry.name,
+                        &entrant.id,
+                        &entrant.value,
+                        &lease.id,
+                    ],
+                ),
+            )
+            .await;
+            let error = match answer {
+                Ok(Ok(Some(row))) => return Ok(Position(row.get::<_, i64>(0) as u64)),
+                Ok(Ok(None)) => {
+                    return Err(Error::Backend {
+                        backend: BACKEND,
+                        operation: OP,
+                        detail: "the lease's session has expired".into(),
+                        retryable: true,
+                        source: None,
+                    })
+                }
+                Ok(Err(error)) => error,
+                Err(_) => {
+                    return Err(Error::Timeout {
+                        operation: OP,
+                        after_ms: REQUEST_TIMEOUT.as_millis() as u64,
+                    })
+                }
+            };
+            let unique = error
+                .as_db_error()
+                .is_some_and(|db| db.code().code() == "23505");
+            if !unique {
+                return Err(pg_error(OP, error));
+            }
+            // Our name (an earlier attempt whose answer was lost: adopt it) or our id.
+            let rows = bounded(
+                &self.stats,
+                OP,
+                client.query(&holders, &[&entrant.election, &entry.name, &entrant.id]),
+            )
+            .await?;
+            let mut stale = false;
+            for row in &rows {
+                let (position, name, session, live): (i64, String, i64, bool) =
+                    (row.get(0), row.get(1), row.get(2), row.get(3));
+                if name == entry.name && session == lease.id {
+                    return Ok(Position(position as u64));
+                }
+                if !live {
+                    stale = true;
+                    continue;
+                }
+                return Err(Error::DuplicateId {
+                    election: entrant.election.clone(),
+                    id: entrant.id.clone(),
+                    entry: name,
+                });
+            }
+            if stale {
+                self.clean_up(&client).await?;
+            }
+        }
+        Err(Error::protocol(
+            BACKEND,
+            OP,
+            "the candidate's id keeps changing",
+        ))
+    }
+
+    async fn locate(
+        &self,
+        _entrant: &PgEntrant,
+        entry: &PgEntry,
+        own: Position,
+    ) -> Result<Located<PgEntry>> {
+        let s = &self.schema;
+        // One statement, one snapshot: our entry still there, and the one just ahead of it.
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM {s}.entries WHERE election = $1 AND position = $2 \
+             AND name = $3), p.position, p.name FROM (SELECT 1) AS one LEFT JOIN LATERAL \
+             (SELECT position, name FROM {s}.entries WHERE election = $1 AND position < $2 \
+             ORDER BY position DESC LIMIT 1) p ON true"
+        );
+        let position = own.0 as i64;
+        let client = self.pool.get().await?;
+        let row = bounded(
+            &self.stats,
+            "find predecessor",
+            client.query_one(&sql, &[&entry.election, &position, &entry.name]),
+        )
+        .await?;
+        if !row.get::<_, bool>(0) {
+            return Ok(Located::Gone);
+        }
+        let ahead = row
+            .get::<_, Option<i64>>(1)
+            .zip(row.get::<_, Option<String>>(2))
+            .map(|(position, name)| {
+                (
+                    PgEntry {
+                        election: entry.election.clone(),
+                        name,
+                    },
+                    Position(position as u64),
+                )
+            });
+        Ok(Located::Exists {
+            ahead,
+            at: ReadPoint(0),
+        })
+    }
+
+    async fn confirm(&self, entry: &PgEntry, own: Position) -> Result<Option<ReadPoint>> {
+        let sql = format!(
+            "SELECT 1 FROM {}.entries WHERE election = $1 AND position = $2 AND name = $3",
+            self.schema
+        );
+        let position = own.0 as i64;
+        let client = self.pool.get().await?;
+        let row = bounded(
+            &self.stats,
+            "get own entry",
+            client.query_opt(&sql, &[&entry.election, &position, &entry.name]),
+        )
+        .await?;
+        Ok(row.map(|_| ReadPoint(0)))
+    }
+
+    async fn watch_deletion(&self, entry: &PgEntry, _after: ReadPoint) -> Result<PgWatch> {
+        // Where is it? (Its position, and how long its session has left by the database's
+        // clock; none if it is gone.)
+        let sql = format!(
+            "SELECT e.position, extract(epoch FROM ss.expires_at - clock_timestamp())::float8 \
+             FROM {s}.entries e JOIN {s}.sessions ss ON ss.id = e.session \
+             WHERE e.election = $1 AND e.name = $2",
+            s = self.schema
+        );
+        let (tx, fired) = oneshot::channel();
+        let listening = self.hub.lock().unwrap_or_else(|e| e.into_inner()).listening;
+        if !listening {
+            let _ = tx.send(Fired::Broken);
+            return Ok(PgWatch {
+                fired: Some(fired),
+                task: tokio::spawn(async {}),
+                stats: self.stats.clone(),
+            });
+        }
+        let client = self.pool.get().await?;
+        let row = bounded(
+            &self.stats,
+            "watch entry",
+            client.query_opt(&sql, &[&entry.election, &entry.name]),
+        )
+        .await?;
+        drop(client);
+        let Some(row) = row else {
+            // Gone already: its deletion came after our read.
+            let _ = tx.send(Fired::Deleted {
+                entry: entry.clone(),
+                position: Position(0),
+            });
+            return Ok(PgWatch {
+                fired: Some(fired),
+                task: tokio::spawn(async {}),
+                stats: self.stats.clone(),
+            });
+        };
+        let position = row.get::<_, i64>(0) as u64;
+        let left = Duration::from_secs_f64(row.get::<_, f64>(1).max(0.0));
+        // Registered for the notification (forwarded to the watch below).
+        let (note_tx, note_rx) = oneshot::channel();
+        self.hub
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .deletions
+            .entry((entry.election.clone(), position))
+            .or_default()
+            .push(note_tx);
+        let backend = WatchLooks {
+            pool_config: self.pool.config.clone(),
+            label: self.pool.label.clone(),
+            schema: self.schema.clone(),
+            stats: self.stats.clone(),
+            entry: entry.clone(),
+            position,
+        };
+        let task = tokio::spawn(backend.run(left, note_rx, tx));
+        Ok(PgWatch {
+            fired: Some(fired),
+            task,
+            stats: self.stats.clone(),
+        })
+    }
+
+    async fn delete(&self, _entrant: &PgEntrant, entry: &PgEntry, own: Position) -> Result<()> {
+        let sql = format!(
+            "DELETE FROM {}.entries WHERE election = $1 AND position = $2 AND name = $3",
+            self.schema
+        );
+        let position = own.0 as i64;
+        let client = self.pool.get().await?;
+        bounded(
+            &self.stats,
+            "delete candidate entry",
+            client.execute(&sql, &[&entry.election, &position, &entry.name]),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn delete_if_on_lease(
+        &self,
+        _entrant: &PgEntrant,
+        entry: &PgEntry,
+        lease: &PgLease,
+    ) -> Result<()> {
+        let sql = format!(
+            "DELETE FROM {}.entries WHERE election = $1 AND name = $2 AND session = $3",
+            self.schema
+        );
+        let client = self.pool.get().await?;
+        bounded(
+            &self.stats,
+            "delete candidate entry",
+            client.execute(&sql, &[&entry.election, &entry.name, &lease.id]),
+        )
+        .await?;
+        Ok(())
+    }
+
+    fn guard(&self, entry: &PgEntry, _position: Position) -> GuardContext {
+        Arc::new(PgFencer {
+            config: self.pool.config.clone(),
+            label: self.pool.label.clone(),
+            schema: self.schema.clone(),
+            stats: self.stats.clone(),
+            client: tokio::sync::Mutex::new(None),
+            election: entry.election.clone(),
+        })
+    }
+}
+
+/// A watch's own looks at its entry: when the entry's session is due to expire (plus a
+/// little), and at least every [`POLL_LIMIT`], it removes expired sessions and checks whether
+/// the entry is still there; a notification ends it sooner.
+struct WatchLooks {
+    pool_config: tokio_postgres::Config,
+    label: String,
+    schema: String,
+    stats: Arc<Stats>,
+    entry: PgEntry,
+    position: u64,
+}
+
+impl WatchLooks {
+    async fn run(
+        self,
+        mut left: Duration,
+        mut note: oneshot::Receiver<Fired<PgEntry>>,
+        fired: oneshot::Sender<Fired<PgEntry>>,
+    ) {
+        let deleted = || Fired::Deleted {
+            entry: self.entry.clone(),
+            position: Position(self.position),
+        };
+        let look = format!(
+            "SELECT extract(epoch FROM ss.expires_at - clock_timestamp())::float8 FROM \
+             {s}.entries e JOIN {s}.sessions ss ON ss.id = e.session WHERE e.election = $1 \
+             AND e.position = $2",
+            s = self.schema
+        );
+        let clean = format!(
+            "DELETE FROM {}.sessions WHERE expires_at <= clock_timestamp()",
+            self.schema
+        );
+        let mut client: Option<Client> = None;
+        loop {
+            let wait = (left + Duration::from_millis(20)).min(POLL_LIMIT);
+            tokio::select! {
+                outcome = &mut note => {
+                    let _ = fired.send(match outcome {
+                        Ok(Fired::Deleted { .. }) => deleted(),
+                        _ => Fired::Broken,
+                    });
+                    return;
+                }
+                _ = tokio::time::sleep(wait) => {}
+            }
+            let looked = async {
+                if client.as_ref().is_none_or(Client::is_closed) {
+                    client = Some(open(&self.pool_config, &self.label, None).await?);
+                }
+                let client = client.as_ref().expect("connected above");
+                bounded(
+                    &self.stats,
+                    "remove expired sessions",
+                    client.execute(&clean, &[]),
+                )
+                .await?;
+                let position = self.position as i64;
+                let row = bounded(
+                    &self.stats,
+                    "watch entry",
+                    client.query_opt(&look, &[&self.entry.election, &position]),
+                )
+                .await?;
+                Ok::<_, Error>(row.map(|row| row.get::<_, f64>(0)))
+            }
+            .await;
+            match looked {
+                Ok(None) => {
+                    let _ = fired.send(deleted());
+                    return;
+                }
+                Ok(Some(seconds)) => left = Duration::from_secs_f64(seconds.max(0.0)),
+                Err(_) => {
+                    let _ = fired.send(Fired::Broken);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Fenced transactions: the leader's entry row is locked (`FOR UPDATE`) for the whole
+/// transaction, after checking that it leads (first in line, session live by the database's
+/// clock); a successor cannot lead until it ends.
+struct PgFencer {
+    config: tokio_postgres::Config,
+    label: String,
+    schema: String,
+    stats: Arc<Stats>,
+    client: tokio::sync::Mutex<Option<Client>>,
+    election: String,
+}
+
+impl std::fmt::Debug for PgFencer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgFencer")
+            .field("election", &self.election)
+            .finish()
+    }
+}
+
+impl Fencer for PgFencer {
+    fn run<'a>(
+        &'a self,
+        election: &'a str,
+        token: u64,
+        txn: &'a FencedTxn,
+        limit: Duration,
+    ) -> BoxFuture<'a, Result<FencedTxnResponse>> {
+        Box::pin(async move {
+            let mut slot = self.client.lock().await;
+            if slot.as_ref().is_none_or(Client::is_closed) {
+                *slot = Some(open(&self.config, &self.label, None).await?);
+            }
+            let client = slot.as_mut().expect("connected above");
+            run_fenced(
+                client,
+                &self.schema,
+                &self.stats,
+                election,
+                token,
+                txn,
+                limit,
+            )
+            .await
+        })
+    }
+}
+
+/// Runs `txn` only while `token` leads `election`, in one database transaction.
+async fn run_fenced(
+    client: &mut Client,
+    schema: &str,
+    stats: &Stats,
+    election: &str,
+    token: u64,
+    txn: &FencedTxn,
+    limit: Duration,
+) -> Result<FencedTxnResponse> {
+    txn.validate()?;
+    let work = async {
+        let transaction = bounded(stats, "fenced transaction", client.transaction()).await?;
+        let leads = format!(
+            "SELECT 1 FROM {schema}.entries e JOIN {schema}.sessions ss ON ss.id = e.session \
+             WHERE e.election = $1 AND e.position = $2 AND ss.expires_at > clock_timestamp() \
+             AND NOT EXISTS (SELECT 1 FROM {schema}.entries o WHERE o.election = $1 \
+             AND o.position < $2) FOR UPDATE OF e"
+        );
+        let position = i64::try_from(token).unwrap_or(i64::MAX);
+        let held = bounded(
+            stats,
+            "fenced transaction",
+            transaction.query_opt(&leads, &[&election, &position]),
+        )
+        .await?;
+        if held.is_none() {
+            return Err(Error::Fenced {
+                election: election.to_string(),
+                token,
+            });
+        }
+        let get = format!("SELECT value FROM {schema}.data WHERE key = $1 FOR UPDATE");
+        let mut succeeded = true;
+        for compare in &txn.compares {
+            let FencedCompare::Value { key, value } = compare;
+            let row = bounded(
+                stats,
+                "fenced transaction",
+                transaction.query_opt(&get, &[key]),
+            )
+            .await?;
+            let found: Option<Vec<u8>> = row.map(|row| row.get(0));
+            if found.as_ref() != value.as_ref() {
+                succeeded = false;
+            }
+        }
+        let put = format!(
+            "INSERT INTO {schema}.data (key, value) VALUES ($1, $2) \
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+        );
+        let delete = format!("DELETE FROM {schema}.data WHERE key = $1");
+        let mut values = Vec::new();
+        for op in if succeeded { &txn.then } else { &txn.otherwise } {
+            match op {
+                FencedOp::Put { key, value } => {
+                    bounded(
+                        stats,
+                        "fenced transaction",
+                        transaction.execute(&put, &[key, value]),
+                    )
+                    .await?;
+                }
+                FencedOp::Delete { key } => {
+                    bounded(
+                        stats,
+                        "fenced transaction",
+                        transaction.execute(&delete, &[key]),
+                    )
+                    .await?;
+                }
+                FencedOp::Get { key } => {
+                    let row = bounded(
+                        stats,
+                        "fenced transaction",
+                        transaction.query_opt(&get, &[key]),
+                    )
+                    .await?;
+                    values.push(row.map(|row| row.get(0)));
+                }
+            }
+        }
+        bounded(stats, "fenced transaction", transaction.commit()).await?;
+        Ok(FencedTxnResponse { succeeded, values })
+    };
+    match tokio::time::timeout(limit, work).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Timeout {
+            operation: "fenced transaction",
+            after_ms: limit.as_millis() as u64,
+        }),
+    }
+}
+
+impl Connection for PgBackend {
+    fn limits(&self) -> BackendLimits {
+        LIMITS
+    }
+
+    fn stats(&self) -> crate::StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.leases.close())
+    }
+
+    fn spawn_candidate(
+        self: Arc<Self>,
+        spec: CandidateSpec,
+        commands_rx: mpsc::Receiver<Command>,
+        commands: mpsc::Sender<Command>,
+        leaderships: mpsc::Sender<Box<Result<Leadership>>>,
+    ) {
+        let serial = self.next_candidate.fetch_add(1, Ordering::Relaxed);
+        crate::driver::spawn(self, spec, serial, commands_rx, commands, leaderships);
+    }
+
+    fn leader<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Option<LeaderInfo>>> {
+        Box::pin(async move {
+            let client = self.pool.get().await?;
+            self.first(&client, election).await
+        })
+    }
+
+    fn participants<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Vec<LeaderInfo>>> {
+        Box::pin(async move {
+            let sql = format!(
+                "SELECT e.position, e.value FROM {s}.entries e JOIN {s}.sessions ss ON ss.id = \
+                 e.session WHERE e.election = $1 AND ss.expires_at > clock_timestamp() \
+                 ORDER BY e.position",
+                s = self.schema
+            );
+            let client = self.pool.get().await?;
+            let rows = bounded(
+                &self.stats,
+                "get candidates",
+                client.query(&sql, &[&election]),
+            )
+            .await?;
+            Ok(rows
+                .iter()
+                .map(|row| describe(row.get(0), row.get(1)))
+                .collect())
+        })
+    }
+
+    fn spawn_observer(
+        self: Arc<Self>,
+        election: String,
+        tx: mpsc::Sender<Observed>,
+    ) -> BoxFuture<'static, Result<()>> {
+        Box::pin(async move {
+            if self.leases.is_closed() {
+                return Err(Error::Closed);
+            }
+            let (seen_tx, mut seen) = mpsc::unbounded_channel();
+            self.hub
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .observers
+                .entry(election.clone())
+                .or_default()
+                .push(seen_tx);
+            let backend = self.clone();
+            let closing = self.leases.closing();
+            tokio::spawn(async move {
+                let mut closing = std::pin::pin!(closing);
+                let mut last: Option<Option<LeaderInfo>> = None;
+                // A crashed leader's row stays until someone removes its expired session: look
+                // every second too (and say so when the database cannot be seen).
+                let mut probe = tokio::time::interval(Duration::from_secs(1));
+                probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    let current = async {
+                        let client = backend.pool.get().await?;
+                        backend.clean_up(&client).await?;
+                        backend.first(&client, &election).await
+                    }
+                    .await;
+                    let said = match current {
+                        Ok(leader) if last.as_ref() != Some(&leader) => {
+                            last = Some(leader.clone());
+                            Some(Observed::Leader(leader))
+                        }
+                        Ok(_) => None,
+                        Err(error) => {
+                            last = None;
+                            Some(Observed::Unavailable {
+                                reason: error.to_string(),
+                            })
+                        }
+                    };
+                    if let Some(said) = said {
+                        if tx.send(said).await.is_err() {
+                            return;
+                        }
+                    }
+                    tokio::select! {
+                        event = seen.recv() => match event {
+                            Some(Seen::Unavailable(reason)) => {
+                                last = None;
+                                if tx.send(Observed::Unavailable { reason }).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Some(Seen::Changed) => {}
+                            None => return,
+                        },
+                        _ = probe.tick() => {}
+                        _ = closing.as_mut() => return,
+                        _ = tx.closed() => return,
+                    }
+                }
+            });
+            Ok(())
+        })
+    }
+
+    fn fenced_txn<'a>(
+        &'a self,
+        election: &'a str,
+        token: u64,
+        txn: &'a FencedTxn,
+        limit: Duration,
+    ) -> BoxFuture<'a, Result<FencedTxnResponse>> {
+        Box::pin(async move {
+            let mut client = self.pool.get().await?;
+            run_fenced(
+                &mut client,
+                &self.schema,
+                &self.stats,
+                election,
+                token,
+                txn,
+                limit,
+            )
+            .await
+        })
+    }
+}
