@@ -390,6 +390,36 @@ async fn fenced_keys_are_znodes_under_the_chroot() {
     leadership.resign().await;
 }
 
+/// A fenced write longer than ZooKeeper takes in one request (its `jute.maxbuffer`, 1 MiB by
+/// default) is refused in one line before it is sent: the server would close the connection,
+/// which the client can only report as a lost connection. Just under the limit works.
+#[tokio::test]
+async fn a_fenced_write_too_large_for_zookeeper_is_refused() {
+    let backend = Backend::connect(&zk_support::url()).await.unwrap();
+    let election = Election::new(&backend, &unique("large"), config()).unwrap();
+    let leadership = election.campaign("a").await.unwrap();
+    let huge = "x".repeat(2 * 1024 * 1024);
+    match leadership.guarded_put("/large/huge", &huge).await {
+        Err(error @ Error::Unsupported(_)) => {
+            let message = error.to_string();
+            assert!(message.contains("jute.maxbuffer"), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let large = "x".repeat(1_000_000);
+    leadership.guarded_put("/large/big", &large).await.unwrap();
+    assert_eq!(
+        leadership
+            .fenced_get("/large/big")
+            .await
+            .unwrap()
+            .map(|v| v.len()),
+        Some(large.len())
+    );
+    leadership.resign().await;
+}
+
 /// A three-server ensemble: renewals (syncs through whichever server a session is connected
 /// to) keep a lease alive for many TTLs, and after its leading server is killed the ensemble
 /// elects another; the holder keeps its term if its session moves to a live server within the
