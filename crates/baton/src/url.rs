@@ -161,9 +161,10 @@ impl BackendUrl {
 }
 
 /// Whether ZooKeeper refuses `c` in a path (its PathUtils: control characters, the private use
-/// area, and the last code points of the basic plane).
+/// area, and the last code points of the basic plane). It checks UTF-16 units, so it also
+/// refuses every character outside the basic plane (an emoji, say): a surrogate pair.
 pub(crate) fn zookeeper_refuses(c: char) -> bool {
-    matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..='\u{ffff}')
+    matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..)
 }
 
 /// Why ZooKeeper would refuse the absolute `path` (`None` if it would not): an empty segment,

@@ -91,6 +91,41 @@ async fn entries_are_ephemeral_sequential_znodes() {
         .is_none());
 }
 
+/// Names ZooKeeper would refuse in a path are percent-encoded, including characters outside
+/// the Basic Multilingual Plane: ZooKeeper checks paths as UTF-16, where they are surrogate
+/// pairs, which it refuses.
+#[tokio::test]
+async fn names_outside_the_bmp_are_percent_encoded() {
+    let backend = Backend::connect(&zk_support::url()).await.unwrap();
+    let name = format!("{}-\u{1F600}", unique("emoji"));
+    let election = Election::new(&backend, &name, config()).unwrap();
+    let leadership = within(
+        "campaign",
+        Duration::from_secs(10),
+        election.campaign("a\u{1F642}"),
+    )
+    .await
+    .unwrap();
+    let client = zk_support::client(&zk_support::zookeeper()).await;
+    let encoded = name.replace('\u{1F600}', "%F0%9F%98%80");
+    assert_eq!(
+        zk_support::entries(&client, CHROOT, &encoded).await.len(),
+        1
+    );
+    let (holder, _) = client
+        .get_data(&format!("{CHROOT}/{encoded}/@ids/a%F0%9F%99%82"))
+        .await
+        .unwrap();
+    assert!(!holder.is_empty());
+    let leader = election.leader().await.unwrap().unwrap();
+    assert_eq!(leader.id, "a\u{1F642}");
+    assert_eq!(leader.token, leadership.token());
+    leadership.resign().await;
+    assert!(zk_support::entries(&client, CHROOT, &encoded)
+        .await
+        .is_empty());
+}
+
 /// The backend's TTL limits are the server's session timeout bounds, read from the server
 /// (2 s and 60 s on the test servers). A TTL the server would stretch into a longer session
 /// is refused as bad configuration: when the election is made, or, if the server changed its
@@ -310,6 +345,8 @@ async fn bad_chroots_are_invalid_urls() {
         ("zk://127.0.0.1:1/zookeeper/quota", "inside /zookeeper"),
         ("zookeeper://127.0.0.1:1/a/@candidates", "reserved"),
         ("zk://127.0.0.1:1/a\u{fff0}", "does not allow"),
+        // Outside the BMP: a surrogate pair in ZooKeeper's UTF-16, which it refuses.
+        ("zk://127.0.0.1:1/a\u{1F600}", "does not allow"),
     ] {
         match Backend::connect(url).await {
             Err(error @ Error::InvalidUrl { .. }) => {
@@ -329,7 +366,7 @@ async fn fenced_keys_are_znodes_under_the_chroot() {
     let name = unique("keys");
     let election = Election::new(&backend, &name, config()).unwrap();
     let leadership = election.campaign("a").await.unwrap();
-    for bad in ["/", "/a//b", "/a/./b", "/a/"] {
+    for bad in ["/", "/a//b", "/a/./b", "/a/", "/a/\u{1F600}"] {
         match leadership.guarded_put(bad, "x").await {
             Err(Error::InvalidKey { .. }) => {}
             other => panic!("{bad:?}: {other:?}"),
@@ -350,6 +387,36 @@ async fn fenced_keys_are_znodes_under_the_chroot() {
         Err(Error::Unsupported(message)) => assert!(message.contains("children"), "{message}"),
         other => panic!("{other:?}"),
     }
+    leadership.resign().await;
+}
+
+/// A fenced write longer than ZooKeeper takes in one request (its `jute.maxbuffer`, 1 MiB by
+/// default) is refused in one line before it is sent: the server would close the connection,
+/// which the client can only report as a lost connection. Just under the limit works.
+#[tokio::test]
+async fn a_fenced_write_too_large_for_zookeeper_is_refused() {
+    let backend = Backend::connect(&zk_support::url()).await.unwrap();
+    let election = Election::new(&backend, &unique("large"), config()).unwrap();
+    let leadership = election.campaign("a").await.unwrap();
+    let huge = "x".repeat(2 * 1024 * 1024);
+    match leadership.guarded_put("/large/huge", &huge).await {
+        Err(error @ Error::Unsupported(_)) => {
+            let message = error.to_string();
+            assert!(message.contains("jute.maxbuffer"), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let large = "x".repeat(1_000_000);
+    leadership.guarded_put("/large/big", &large).await.unwrap();
+    assert_eq!(
+        leadership
+            .fenced_get("/large/big")
+            .await
+            .unwrap()
+            .map(|v| v.len()),
+        Some(large.len())
+    );
     leadership.resign().await;
 }
 

@@ -23,7 +23,8 @@
 //! ZooKeeper supports every comparison and operation of [`FencedTxn`], with the same outcome as
 //! an atomic one. Its limits: keys are znodes under the chroot, so a key must be a valid
 //! ZooKeeper path other than `/` (else [`Error::InvalidKey`]); a key whose znode has children
-//! cannot be deleted ([`Error::Unsupported`]); missing parent znodes of a key are created, as
+//! cannot be deleted, nor can a transaction need a request over ZooKeeper's default
+//! `jute.maxbuffer` (1 MiB) ([`Error::Unsupported`]); missing parent znodes of a key are created, as
 //! empty persistent nodes (also for a key that is only read); and a writer outside baton that
 //! deletes and recreates a key between the read and the multi is not noticed when the new node
 //! has the version the old one had (ZooKeeper versions restart at zero). Writers through baton
@@ -46,6 +47,14 @@ use std::sync::Arc;
 const ATTEMPTS: usize = 16;
 
 const OP: &str = "fenced transaction";
+
+/// ZooKeeper's default `jute.maxbuffer`: a server closes the connection of a client that sends
+/// a longer request, which the client can only report as a lost connection (and every watch
+/// of the main session breaks with it). So a longer multi is refused here, in one line.
+const MAX_REQUEST: usize = 0xfffff;
+
+/// What a multi spends on one operation besides its path and data (headers, version, ACL).
+const OP_OVERHEAD: usize = 64;
 
 /// The fence of one leadership: its leader entry, which exists with czxid `token` exactly
 /// while that leadership holds.
@@ -248,9 +257,15 @@ impl ZkFencer {
             multi
                 .add_set_data(&self.leader, &leader_data, Some(leader_version))
                 .map_err(|error| zk_error(OP, error))?;
+            let mut size = self.leader.len() + leader_data.len() + OP_OVERHEAD;
             // Which key each multi operation is for (index 0 is the fence).
             let mut ops: Vec<Option<&str>> = vec![None];
             for step in &steps {
+                size += match step {
+                    Step::Write { key, value } => self.path(key).len() + value.len(),
+                    Step::Absent { key } => 2 * (self.path(key).len() + OP_OVERHEAD),
+                    Step::Check { key, .. } | Step::Delete { key, .. } => self.path(key).len(),
+                } + OP_OVERHEAD;
                 let added = match step {
                     Step::Write { key, value } => match &read[key] {
                         Some((_, version)) => {
@@ -280,6 +295,12 @@ impl ZkFencer {
                     }
                 };
                 added.map_err(|error| zk_error(OP, error))?;
+            }
+            if size > MAX_REQUEST {
+                return Err(Error::Unsupported(format!(
+                    "ZooKeeper refuses requests over {MAX_REQUEST} bytes (its default \
+                     jute.maxbuffer): this fenced transaction needs about {size}"
+                )));
             }
             self.stats.request();
             let failure = match bounded(left(), OP, multi.commit()).await? {

@@ -857,6 +857,7 @@ mod tests {
         assert_eq!(node_name("..."), "...");
         assert_eq!(node_name("h\u{e000}"), "h%EE%80%80");
         assert_eq!(node_name("héllo"), "héllo");
+        assert_eq!(node_name("a\u{1F600}"), "a%F0%9F%98%80");
     }
 
     #[test]
