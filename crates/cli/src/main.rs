@@ -228,7 +228,7 @@ fn one_line(error: &anyhow::Error) -> String {
 }
 
 async fn dispatch(command: Command) -> anyhow::Result<()> {
-    match command {
+    let result = match command {
         Command::Run(args) => run::run(args).await,
         Command::Leader(target) => leader(target).await,
         Command::Observe(target) => observe(target).await,
@@ -239,8 +239,22 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Guard { .. } | Command::Launch { .. } => {
             unreachable!("handled before the runtime starts")
         }
+    };
+    // Every term has ended by now (and its command is gone): end the backend's leases and
+    // sessions at the server at once, rather than leaving them to time out (a `baton run`
+    // from cron every minute would otherwise pile up ZooKeeper sessions). Bounded: an
+    // unreachable server must not hold up the exit.
+    if let Some(backend) = OPENED.get() {
+        let _ = tokio::time::timeout(CLOSE_LIMIT, backend.close()).await;
     }
+    result
 }
+
+/// The backend this process opened, closed on the way out.
+static OPENED: std::sync::OnceLock<Backend> = std::sync::OnceLock::new();
+
+/// How long an exiting `baton` waits for its backend to close its leases.
+const CLOSE_LIMIT: Duration = Duration::from_secs(2);
 
 /// Connects and builds the election; every failure here is bad input (exit 2).
 pub async fn open_election(
@@ -249,6 +263,7 @@ pub async fn open_election(
     config: ElectionConfig,
 ) -> anyhow::Result<(Backend, Election)> {
     let backend = connect(backend_url).await?;
+    let _ = OPENED.set(backend.clone());
     let election = Election::new(&backend, election, config)?;
     Ok((backend, election))
 }
