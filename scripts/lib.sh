@@ -147,7 +147,7 @@ listen_addresses = '127.0.0.1'
 port = $port
 unix_socket_directories = '$PG_DIR'
 shared_preload_libraries = 'pg_stat_statements'
-max_connections = 300
+max_connections = 1000
 CONF
   runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w start \
     >/dev/null || { log "PostgreSQL failed to start:"; cat "$PG_DIR/postgres.log" >&2; exit 1; }

@@ -51,7 +51,7 @@ const SCHEMA_VERSION: i32 = 1;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connections a backend keeps for its statements (renewals and notifications have their own).
-const POOL: usize = 4;
+const POOL: usize = 2;
 
 /// The longest a watcher waits without looking again (a lost notification).
 const POLL_LIMIT: Duration = Duration::from_secs(5);
@@ -220,7 +220,7 @@ enum Seen {
 pub(crate) struct PgBackend {
     schema: String,
     channel: String,
-    pool: Pool,
+    pool: Arc<Pool>,
     hub: Arc<Mutex<Hub>>,
     clock: Clock,
     leases: LeasePool<PgLease>,
@@ -251,7 +251,7 @@ CREATE TABLE IF NOT EXISTS {schema}.sessions (
 );
 CREATE TABLE IF NOT EXISTS {schema}.elections (
     name text PRIMARY KEY,
-    epoch bigint NOT NULL
+    epoch bigint NOT NULL DEFAULT 1
 );
 CREATE TABLE IF NOT EXISTS {schema}.entries (
     election text NOT NULL,
@@ -318,12 +318,12 @@ impl PgBackend {
             .join(",");
         let channel = format!("baton_{schema}");
         let stats = Arc::new(Stats::default());
-        let pool = Pool {
+        let pool = Arc::new(Pool {
             config,
             label,
             slots: (0..POOL).map(|_| tokio::sync::Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
-        };
+        });
         let backend = PgBackend {
             schema,
             channel,
@@ -552,24 +552,13 @@ impl QueueLease for PgLease {
 /// Grants and renewals of one session row, on a connection of its own (renewals never queue
 /// behind other statements), one statement at a time in send order.
 struct PgLeaseTransport {
-    config: tokio_postgres::Config,
-    label: String,
+    pool: Arc<Pool>,
     schema: String,
     stats: Arc<Stats>,
-    client: Option<Client>,
     id: i64,
     answers: mpsc::UnboundedReceiver<Result<Duration>>,
     sends: mpsc::UnboundedSender<()>,
     on_grant: Option<oneshot::Sender<i64>>,
-}
-
-impl PgLeaseTransport {
-    async fn client(&mut self) -> Result<&Client> {
-        if self.client.as_ref().is_none_or(Client::is_closed) {
-            self.client = Some(open(&self.config, &self.label, None).await?);
-        }
-        Ok(self.client.as_ref().expect("connected above"))
-    }
 }
 
 impl LeaseTransport for PgLeaseTransport {
@@ -581,9 +570,13 @@ impl LeaseTransport for PgLeaseTransport {
             self.schema
         );
         let seconds = ttl.as_secs_f64();
-        let stats = self.stats.clone();
-        let client = self.client().await?;
-        let row = bounded(&stats, "lease grant", client.query_one(&sql, &[&seconds])).await?;
+        let client = self.pool.get().await?;
+        let row = bounded(
+            &self.stats,
+            "lease grant",
+            client.query_one(&sql, &[&seconds]),
+        )
+        .await?;
         self.id = row.get(0);
         if let Some(tx) = self.on_grant.take() {
             let _ = tx.send(self.id);
@@ -608,9 +601,8 @@ impl LeaseTransport for PgLeaseTransport {
     async fn revoke(&mut self) -> Result<()> {
         let sql = format!("DELETE FROM {}.sessions WHERE id = $1", self.schema);
         let id = self.id;
-        let stats = self.stats.clone();
-        let client = self.client().await?;
-        bounded(&stats, "lease revoke", client.execute(&sql, &[&id])).await?;
+        let client = self.pool.get().await?;
+        bounded(&self.stats, "lease revoke", client.execute(&sql, &[&id])).await?;
         Ok(())
     }
 }
@@ -740,11 +732,9 @@ impl Queue for PgBackend {
                     answers_tx,
                 ));
                 let transport = PgLeaseTransport {
-                    config: self.pool.config.clone(),
-                    label: self.pool.label.clone(),
+                    pool: self.pool.clone(),
                     schema: self.schema.clone(),
                     stats: self.stats.clone(),
-                    client: None,
                     id: 0,
                     answers: answers_rx,
                     sends: sends_tx,
@@ -784,7 +774,7 @@ impl Queue for PgBackend {
         // One statement: the epoch bump takes the election's row lock, held to commit, so
         // entries are numbered in commit order. Only under a live session.
         let insert = format!(
-            "WITH e AS (INSERT INTO {s}.elections AS el (name, epoch) VALUES ($1, 1) \
+            "WITH e AS (INSERT INTO {s}.elections AS el (name) VALUES ($1) \
              ON CONFLICT (name) DO UPDATE SET epoch = el.epoch + 1 RETURNING epoch) \
              INSERT INTO {s}.entries (election, position, name, candidate, value, session) \
              SELECT $1, e.epoch, $2, $3, $4, $5 FROM e WHERE EXISTS (SELECT 1 FROM {s}.sessions \
@@ -982,8 +972,7 @@ impl Queue for PgBackend {
             .or_default()
             .push(note_tx);
         let backend = WatchLooks {
-            pool_config: self.pool.config.clone(),
-            label: self.pool.label.clone(),
+            pool: self.pool.clone(),
             schema: self.schema.clone(),
             stats: self.stats.clone(),
             entry: entry.clone(),
@@ -1035,11 +1024,9 @@ impl Queue for PgBackend {
 
     fn guard(&self, entry: &PgEntry, _position: Position) -> GuardContext {
         Arc::new(PgFencer {
-            config: self.pool.config.clone(),
-            label: self.pool.label.clone(),
+            pool: self.pool.clone(),
             schema: self.schema.clone(),
             stats: self.stats.clone(),
-            client: tokio::sync::Mutex::new(None),
             election: entry.election.clone(),
         })
     }
@@ -1049,8 +1036,7 @@ impl Queue for PgBackend {
 /// little), and at least every [`POLL_LIMIT`], it removes expired sessions and checks whether
 /// the entry is still there; a notification ends it sooner.
 struct WatchLooks {
-    pool_config: tokio_postgres::Config,
-    label: String,
+    pool: Arc<Pool>,
     schema: String,
     stats: Arc<Stats>,
     entry: PgEntry,
@@ -1078,7 +1064,6 @@ impl WatchLooks {
             "DELETE FROM {}.sessions WHERE expires_at <= clock_timestamp()",
             self.schema
         );
-        let mut client: Option<Client> = None;
         loop {
             let wait = (left + Duration::from_millis(20)).min(POLL_LIMIT);
             tokio::select! {
@@ -1092,23 +1077,26 @@ impl WatchLooks {
                 _ = tokio::time::sleep(wait) => {}
             }
             let looked = async {
-                if client.as_ref().is_none_or(Client::is_closed) {
-                    client = Some(open(&self.pool_config, &self.label, None).await?);
+                let client = self.pool.get().await?;
+                let position = self.position as i64;
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                    [&self.entry.election, &position];
+                let read = || client.query_opt(&look, &params);
+                let row = bounded(&self.stats, "watch entry", read()).await?;
+                let Some(seconds) = row.map(|row| row.get::<_, f64>(0)) else {
+                    return Ok(None);
+                };
+                if seconds > 0.0 {
+                    return Ok(Some(seconds));
                 }
-                let client = client.as_ref().expect("connected above");
+                // Its session's time is up: remove it (and its entries), then look again.
                 bounded(
                     &self.stats,
                     "remove expired sessions",
                     client.execute(&clean, &[]),
                 )
                 .await?;
-                let position = self.position as i64;
-                let row = bounded(
-                    &self.stats,
-                    "watch entry",
-                    client.query_opt(&look, &[&self.entry.election, &position]),
-                )
-                .await?;
+                let row = bounded(&self.stats, "watch entry", read()).await?;
                 Ok::<_, Error>(row.map(|row| row.get::<_, f64>(0)))
             }
             .await;
@@ -1131,11 +1119,9 @@ impl WatchLooks {
 /// transaction, after checking that it leads (first in line, session live by the database's
 /// clock); a successor cannot lead until it ends.
 struct PgFencer {
-    config: tokio_postgres::Config,
-    label: String,
+    pool: Arc<Pool>,
     schema: String,
     stats: Arc<Stats>,
-    client: tokio::sync::Mutex<Option<Client>>,
     election: String,
 }
 
@@ -1156,13 +1142,9 @@ impl Fencer for PgFencer {
         limit: Duration,
     ) -> BoxFuture<'a, Result<FencedTxnResponse>> {
         Box::pin(async move {
-            let mut slot = self.client.lock().await;
-            if slot.as_ref().is_none_or(Client::is_closed) {
-                *slot = Some(open(&self.config, &self.label, None).await?);
-            }
-            let client = slot.as_mut().expect("connected above");
+            let mut client = self.pool.get().await?;
             run_fenced(
-                client,
+                &mut client,
                 &self.schema,
                 &self.stats,
                 election,

@@ -706,7 +706,13 @@ pub async fn check_own_and_predecessor_deleted_at_once(
             (candidacy, result)
         });
         // Let the waiter queue behind the leader.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        within("the waiter queued", Duration::from_secs(5), async {
+            while leader.participants().await.unwrap().len() < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
             !first.is_finished(),
             "round {round}: the waiter led too soon"

@@ -1,0 +1,107 @@
+//! The conformance suite against a real PostgreSQL (a private cluster `scripts/test` starts;
+//! `BATON_TEST_PG` is its URL). Built with the `postgres` feature only.
+#![cfg(feature = "postgres")]
+
+#[macro_use]
+mod conformance;
+
+use tokio_postgres::NoTls;
+
+/// The PostgreSQL under test. Missing is a loud failure, never a skip.
+fn server() -> String {
+    std::env::var("BATON_TEST_PG").expect(
+        "BATON_TEST_PG is not set: run the tests with scripts/test, which starts a private \
+         PostgreSQL",
+    )
+}
+
+/// A raw connection, for what the suite does behind baton's back.
+async fn raw(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+struct PostgresUnderTest;
+
+impl conformance::BackendUnderTest for PostgresUnderTest {
+    type Rewindable = RewindablePostgres;
+
+    fn url(&self) -> String {
+        format!("{}?schema=baton_test", server())
+    }
+
+    async fn delete_leader_entry(&self, election: &str) {
+        let client = raw(&server()).await;
+        let deleted = client
+            .execute(
+                "DELETE FROM baton_test.entries WHERE election = $1 AND position = \
+                 (SELECT min(position) FROM baton_test.entries WHERE election = $1)",
+                &[&election],
+            )
+            .await
+            .unwrap();
+        assert_eq!(deleted, 1, "no leader in {election}");
+    }
+
+    async fn delete_all_entries(&self, election: &str) -> u64 {
+        let client = raw(&server()).await;
+        // Positions are per election: every entry created after the deletion is above the
+        // highest one deleted.
+        let rows = client
+            .query(
+                "DELETE FROM baton_test.entries WHERE election = $1 RETURNING position",
+                &[&election],
+            )
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 2, "the leader's entry and the waiter's");
+        rows.iter()
+            .map(|row| row.get::<_, i64>(0) as u64)
+            .max()
+            .unwrap()
+    }
+
+    async fn rewindable(&self) -> RewindablePostgres {
+        // A schema of its own, with some history behind it.
+        let schema = format!("rewind_{}", std::process::id());
+        let url = format!("{}?schema={schema}", server());
+        let backend = baton::Backend::connect(&url).await.unwrap();
+        backend.close().await;
+        // Positions are per election: elections of this schema start at epoch 100, so that
+        // after the rewind (epochs back to zero) new tokens lie well below the first ones.
+        raw(&server())
+            .await
+            .batch_execute(&format!(
+                "ALTER TABLE {schema}.elections ALTER COLUMN epoch SET DEFAULT 100"
+            ))
+            .await
+            .unwrap();
+        RewindablePostgres { url, schema }
+    }
+}
+
+/// Restoring an older backup: every election's epoch back to zero, every session gone.
+struct RewindablePostgres {
+    url: String,
+    schema: String,
+}
+
+impl conformance::Rewindable for RewindablePostgres {
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn rewind(&mut self) {
+        let client = raw(&server()).await;
+        client
+            .batch_execute(&format!(
+                "DELETE FROM {s}.sessions; UPDATE {s}.elections SET epoch = 0;",
+                s = self.schema
+            ))
+            .await
+            .unwrap();
+    }
+}
+
+conformance_suite!(PostgresUnderTest);
