@@ -618,13 +618,15 @@ async fn renew_worker(
     mut sends: mpsc::UnboundedReceiver<()>,
     answers: mpsc::UnboundedSender<Result<Duration>>,
 ) {
+    // Connected before the first renewal is due: connecting (with its password exchange) must
+    // not eat into the first renewal interval.
+    let mut client: Option<Client> = open(&config, &label, None).await.ok();
     let Ok(id) = id.await else { return };
     let sql = format!(
         "UPDATE {schema}.sessions SET expires_at = clock_timestamp() + ttl \
          WHERE id = $1 AND expires_at > clock_timestamp() \
          RETURNING extract(epoch FROM ttl)::float8"
     );
-    let mut client: Option<Client> = None;
     while sends.recv().await.is_some() {
         let answer = async {
             if client.as_ref().is_none_or(Client::is_closed) {
