@@ -340,53 +340,58 @@ impl PgBackend {
         Ok(backend)
     }
 
-    /// Creates the tables (once per database: an advisory lock keeps concurrent first uses
-    /// apart) and checks the schema version.
+    /// Creates the tables on first use and checks the layout version. The DDL runs only when
+    /// the schema is new (under an advisory lock, so concurrent first uses do not collide):
+    /// re-running it on every connect would take table locks that stall every election in the
+    /// schema while they wait.
     async fn create_schema(&self) -> Result<()> {
+        const OP: &str = "create schema";
         let mut client = self.pool.get().await?;
-        let sql = schema_sql(&self.schema, &self.channel);
-        let transaction = bounded(&self.stats, "create schema", client.transaction()).await?;
-        bounded(
-            &self.stats,
-            "create schema",
-            transaction.execute(
-                "SELECT pg_advisory_xact_lock(hashtext('baton schema'))",
-                &[],
-            ),
-        )
-        .await?;
-        bounded(
-            &self.stats,
-            "create schema",
-            transaction.batch_execute(&sql),
-        )
-        .await?;
-        let version: Option<i32> = bounded(
-            &self.stats,
-            "create schema",
-            transaction.query_opt(&format!("SELECT version FROM {}.meta", self.schema), &[]),
-        )
-        .await?
-        .map(|row| row.get(0));
-        match version {
-            None => {
+        let exists = format!("SELECT to_regclass('{}.meta') IS NOT NULL", self.schema);
+        let present: bool = bounded(&self.stats, OP, client.query_one(&exists, &[]))
+            .await?
+            .get(0);
+        if !present {
+            let transaction = bounded(&self.stats, OP, client.transaction()).await?;
+            bounded(
+                &self.stats,
+                OP,
+                transaction.execute(
+                    "SELECT pg_advisory_xact_lock(hashtext('baton schema'))",
+                    &[],
+                ),
+            )
+            .await?;
+            let still_absent: bool = !bounded(&self.stats, OP, transaction.query_one(&exists, &[]))
+                .await?
+                .get::<_, bool>(0);
+            if still_absent {
+                let sql = schema_sql(&self.schema, &self.channel);
+                bounded(&self.stats, OP, transaction.batch_execute(&sql)).await?;
                 let insert = format!("INSERT INTO {}.meta (version) VALUES ($1)", self.schema);
                 bounded(
                     &self.stats,
-                    "create schema",
+                    OP,
                     transaction.execute(&insert, &[&SCHEMA_VERSION]),
                 )
                 .await?;
             }
-            Some(SCHEMA_VERSION) => {}
-            Some(other) => {
-                return Err(Error::Unsupported(format!(
-                    "schema {} has baton's layout version {other}; this release knows {}",
-                    self.schema, SCHEMA_VERSION
-                )))
-            }
+            bounded(&self.stats, OP, transaction.commit()).await?;
         }
-        bounded(&self.stats, "create schema", transaction.commit()).await
+        let version: Option<i32> = bounded(
+            &self.stats,
+            OP,
+            client.query_opt(&format!("SELECT version FROM {}.meta", self.schema), &[]),
+        )
+        .await?
+        .map(|row| row.get(0));
+        match version {
+            Some(SCHEMA_VERSION) => Ok(()),
+            other => Err(Error::Unsupported(format!(
+                "schema {} has baton's layout version {other:?}; this release knows {}",
+                self.schema, SCHEMA_VERSION
+            ))),
+        }
     }
 
     /// Starts the LISTEN connection and the task that dispatches its notifications, and keeps
