@@ -152,7 +152,8 @@ CONF
   runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w start \
     >/dev/null || { log "PostgreSQL failed to start:"; cat "$PG_DIR/postgres.log" >&2; exit 1; }
   runuser -u postgres -- psql -h "$PG_DIR" -p "$port" -q -v ON_ERROR_STOP=1 -d postgres \
-    -c "CREATE ROLE baton LOGIN PASSWORD 'baton'" -c "CREATE DATABASE baton OWNER baton" >/dev/null
+    -c "CREATE ROLE baton LOGIN PASSWORD 'baton'" -c "CREATE DATABASE baton OWNER baton" \
+    -c "CREATE ROLE baton_readonly LOGIN PASSWORD 'readonly'" >/dev/null
   runuser -u postgres -- psql -h "$PG_DIR" -p "$port" -q -v ON_ERROR_STOP=1 -d baton \
     -c "CREATE EXTENSION pg_stat_statements" >/dev/null
 }

@@ -210,6 +210,11 @@ fn is_input_error(error: &anyhow::Error) -> bool {
                     | baton::Error::Unsupported(_)
                     | baton::Error::Unreachable { .. }
                     | baton::Error::DuplicateId { .. }
+                    // Refused for good (a wrong password, a missing permission).
+                    | baton::Error::Backend {
+                        retryable: false,
+                        ..
+                    }
             )
         )
     })
@@ -220,7 +225,10 @@ fn one_line(error: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in error.chain() {
         let text = cause.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
+        // A client library's error often restates what its wrapper said, behind prefixes of
+        // its own ("db error: FATAL: <message>"): its last part is enough to tell.
+        let tail = text.rsplit(": ").next().unwrap_or(&text);
+        if !parts.iter().any(|p| p.contains(tail)) {
             parts.push(text);
         }
     }

@@ -15,13 +15,15 @@ use std::time::{Duration, Instant};
 pub enum TestBackend {
     Etcd,
     ZooKeeper,
+    Postgres,
 }
 
 pub fn backend() -> TestBackend {
     match std::env::var("BATON_TEST_BACKEND").as_deref() {
         Err(_) | Ok("etcd") => TestBackend::Etcd,
         Ok("zookeeper") => TestBackend::ZooKeeper,
-        Ok(other) => panic!("BATON_TEST_BACKEND={other:?}: expected etcd or zookeeper"),
+        Ok("postgres") => TestBackend::Postgres,
+        Ok(other) => panic!("BATON_TEST_BACKEND={other:?}: expected etcd, zookeeper or postgres"),
     }
 }
 
@@ -38,11 +40,20 @@ pub fn zookeeper() -> String {
     )
 }
 
+/// The PostgreSQL under test: `host:port` (user, password and database `baton`).
+pub fn postgres() -> String {
+    std::env::var("BATON_TEST_PG_ADDR").expect(
+        "BATON_TEST_PG_ADDR is not set: run the tests with scripts/test, which starts a private \
+         PostgreSQL",
+    )
+}
+
 /// `host:port` of the server under test.
 pub fn server() -> String {
     match backend() {
         TestBackend::Etcd => etcd(),
         TestBackend::ZooKeeper => zookeeper(),
+        TestBackend::Postgres => postgres(),
     }
 }
 
@@ -51,8 +62,14 @@ pub fn url_at(endpoint: &str) -> String {
     match backend() {
         TestBackend::Etcd => format!("etcd://{endpoint}{ROOT}"),
         TestBackend::ZooKeeper => format!("zk://{endpoint}{ROOT}"),
+        TestBackend::Postgres => {
+            format!("postgres://baton:baton@{endpoint}/baton?schema={PG_SCHEMA}")
+        }
     }
 }
+
+/// The schema of the process tests on PostgreSQL.
+const PG_SCHEMA: &str = "baton_cli_test";
 
 pub fn url() -> String {
     url_at(&server())
@@ -142,6 +159,7 @@ pub fn delete_election_keys(election: &str) {
             assert!(status.success());
         }
         TestBackend::ZooKeeper => zk_delete(election, usize::MAX),
+        TestBackend::Postgres => pg_delete(election, false),
     }
 }
 
@@ -168,7 +186,33 @@ pub fn delete_leader_key(election: &str) {
             assert!(status.success());
         }
         TestBackend::ZooKeeper => zk_delete(election, 1),
+        TestBackend::Postgres => pg_delete(election, true),
     }
+}
+
+/// Deletes the leader's entry of `election` (or every entry), through a raw connection.
+fn pg_delete(election: &str, leader_only: bool) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let url = format!("postgres://baton:baton@{}/baton", postgres());
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let sql = if leader_only {
+            format!(
+                "DELETE FROM {PG_SCHEMA}.entries WHERE election = $1 AND position = \
+                 (SELECT min(position) FROM {PG_SCHEMA}.entries WHERE election = $1)"
+            )
+        } else {
+            format!("DELETE FROM {PG_SCHEMA}.entries WHERE election = $1")
+        };
+        let deleted = client.execute(&sql, &[&election]).await.unwrap();
+        assert!(deleted > 0, "{election} has no entry");
+    });
 }
 
 /// Deletes the first `count` entries of `election` in queue order (by the sequence number
