@@ -368,7 +368,13 @@ impl PgBackend {
             if still_absent {
                 let sql = schema_sql(&self.schema, &self.channel);
                 bounded(&self.stats, OP, transaction.batch_execute(&sql)).await?;
-                let insert = format!("INSERT INTO {}.meta (version) VALUES ($1)", self.schema);
+                // Idempotent, should two first uses both get here (the row is the one guard
+                // that never misses a committed creator: each statement reads afresh).
+                let insert = format!(
+                    "INSERT INTO {s}.meta (version) SELECT $1 WHERE NOT EXISTS \
+                     (SELECT 1 FROM {s}.meta)",
+                    s = self.schema
+                );
                 bounded(
                     &self.stats,
                     OP,
@@ -381,10 +387,13 @@ impl PgBackend {
         let version: Option<i32> = bounded(
             &self.stats,
             OP,
-            client.query_opt(&format!("SELECT version FROM {}.meta", self.schema), &[]),
+            client.query_opt(
+                &format!("SELECT max(version) FROM {}.meta", self.schema),
+                &[],
+            ),
         )
         .await?
-        .map(|row| row.get(0));
+        .and_then(|row| row.get(0));
         match version {
             Some(SCHEMA_VERSION) => Ok(()),
             other => Err(Error::Unsupported(format!(

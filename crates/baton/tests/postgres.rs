@@ -105,3 +105,69 @@ impl conformance::Rewindable for RewindablePostgres {
 }
 
 conformance_suite!(PostgresUnderTest);
+
+/// Fencing inside the caller's own transaction: `SELECT <schema>.fence(resource, token)`
+/// records the token for the resource; a stale token raises an error, so nothing of that
+/// transaction commits, while the newer leader's transaction does.
+#[tokio::test]
+async fn fencing_inside_the_callers_own_transaction() {
+    let url = format!("{}?schema=baton_test", server());
+    let backend = baton::Backend::connect(&url).await.unwrap();
+    let election = baton::Election::new(
+        &backend,
+        &conformance::unique("own-txn"),
+        conformance::config(),
+    )
+    .unwrap();
+    let first = election.campaign("a").await.unwrap();
+    let old_token = first.token() as i64;
+    first.resign().await;
+    let second = election.campaign("b").await.unwrap();
+    let new_token = second.token() as i64;
+    assert!(new_token > old_token);
+
+    let mut client = raw(&server()).await;
+    let table = format!("jobs_{}", std::process::id());
+    client
+        .batch_execute(&format!("CREATE TABLE {table} (who text)"))
+        .await
+        .unwrap();
+    let fence = baton::postgres::fence_sql("baton_test");
+    let resource = conformance::unique("resource");
+    // The new leader's write commits.
+    let transaction = client.transaction().await.unwrap();
+    transaction
+        .execute(&fence, &[&resource, &new_token])
+        .await
+        .unwrap();
+    transaction
+        .execute(&format!("INSERT INTO {table} VALUES ('b')"), &[])
+        .await
+        .unwrap();
+    transaction.commit().await.unwrap();
+    // The old leader's, later: the fence refuses it and nothing of the transaction commits.
+    let transaction = client.transaction().await.unwrap();
+    transaction
+        .execute(&format!("INSERT INTO {table} VALUES ('a')"), &[])
+        .await
+        .unwrap();
+    let refused = transaction.execute(&fence, &[&resource, &old_token]).await;
+    let message = refused.unwrap_err().to_string();
+    assert!(
+        message.contains("db error") || message.contains("stale"),
+        "{message}"
+    );
+    // PostgreSQL answers COMMIT of a failed transaction by rolling it back.
+    let _ = transaction.commit().await;
+    let rows = client
+        .query(&format!("SELECT who FROM {table}"), &[])
+        .await
+        .unwrap();
+    let who: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    assert_eq!(who, vec!["b".to_string()]);
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+    second.resign().await;
+}
