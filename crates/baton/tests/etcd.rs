@@ -8,6 +8,34 @@ use baton::{Backend, Election, Error};
 use conformance::*;
 use etcd_support::{delete_leader_key, etcd, url};
 
+/// Stops (SIGSTOP) the etcd process `pid` and waits until every one of its threads has
+/// stopped: a thread busy on a loaded machine can otherwise still answer one more request.
+fn freeze(pid: i32) {
+    // SAFETY: a signal to the etcd this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped = || {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return true;
+        };
+        tasks.flatten().all(|task| {
+            std::fs::read_to_string(task.path().join("stat"))
+                .ok()
+                .and_then(|stat| {
+                    let state = stat.rsplit(')').next()?.split_whitespace().next()?.to_string();
+                    Some(state == "T" || state == "t")
+                })
+                .unwrap_or(true)
+        })
+    };
+    for _ in 0..1000 {
+        if stopped() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    panic!("etcd {pid} did not stop");
+}
+
 /// The shared etcd that `scripts/test` started.
 struct EtcdUnderTest;
 
@@ -216,8 +244,8 @@ async fn fenced_operations_are_bounded_while_etcd_is_stopped() {
     let leadership = election.campaign("a").await.unwrap();
     leadership.guarded_put("/bounded/x", "1").await.unwrap();
     let pid = etcd.child.as_ref().unwrap().id() as i32;
-    // SAFETY: signals to the etcd this test started.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // Only the etcd this test started is signalled (SIGSTOP here, SIGCONT below).
+    freeze(pid);
     let started = std::time::Instant::now();
     let outcome = leadership.guarded_put("/bounded/x", "2").await;
     let took = started.elapsed();
@@ -240,8 +268,8 @@ async fn lease_grant_is_bounded_while_etcd_is_stopped() {
     let config = conformance::config().with_ttl(std::time::Duration::from_secs(30));
     let election = Election::new(&backend, "grant", config).unwrap();
     let pid = etcd.child.as_ref().unwrap().id() as i32;
-    // SAFETY: signals to the etcd this test started.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // Only the etcd this test started is signalled (SIGSTOP here, SIGCONT below).
+    freeze(pid);
     let started = std::time::Instant::now();
     let limit = std::time::Duration::from_secs(30);
     let outcome = tokio::time::timeout(limit, election.campaign("a")).await;
@@ -279,8 +307,8 @@ async fn observer_tells_unavailable_from_no_leader() {
     };
     assert_eq!(seen.token, leadership.token());
     let pid = etcd.child.as_ref().unwrap().id() as i32;
-    // SAFETY: signals to the etcd this test started.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // Only the etcd this test started is signalled (SIGSTOP here, SIGCONT below).
+    freeze(pid);
     let started = std::time::Instant::now();
     let next = tokio::time::timeout(std::time::Duration::from_secs(5), observer.next()).await;
     let took = started.elapsed();
@@ -339,8 +367,8 @@ async fn observing_during_an_outage_starts_unavailable() {
         .await
         .unwrap();
     let pid = etcd.child.as_ref().unwrap().id() as i32;
-    // SAFETY: signals to the etcd this test started.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // Only the etcd this test started is signalled (SIGSTOP here, SIGCONT below).
+    freeze(pid);
     let election = Election::new(&watcher, "o", config).unwrap();
     let observer =
         tokio::time::timeout(std::time::Duration::from_secs(10), election.observe()).await;
