@@ -21,7 +21,12 @@ fn freeze(pid: i32) {
             std::fs::read_to_string(task.path().join("stat"))
                 .ok()
                 .and_then(|stat| {
-                    let state = stat.rsplit(')').next()?.split_whitespace().next()?.to_string();
+                    let state = stat
+                        .rsplit(')')
+                        .next()?
+                        .split_whitespace()
+                        .next()?
+                        .to_string();
                     Some(state == "T" || state == "t")
                 })
                 .unwrap_or(true)
