@@ -114,9 +114,14 @@ pub(crate) trait Queue: Send + Sync + 'static {
     /// The highest token this backend has seen elected per election.
     fn tokens(&self) -> &TokenMemory;
 
+    /// The backend's leases, shared by its candidacies.
+    fn leases(&self) -> &LeasePool<Self::Lease>;
+
     /// Whether the backend was closed ([`crate::Backend::close`]): then it grants no lease
     /// any more, and a requeueing candidacy must not campaign again.
-    fn is_closed(&self) -> bool;
+    fn is_closed(&self) -> bool {
+        self.leases().is_closed()
+    }
 
     /// The backend's view of a candidacy of `spec`; `serial` is unique within this backend.
     fn entrant(&self, spec: &CandidateSpec, serial: u64) -> Self::Entrant;
@@ -128,11 +133,15 @@ pub(crate) trait Queue: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Arc<Self::Lease>>> + Send;
 
     /// A candidacy is done with `lease`: forget it unless another candidacy uses it.
-    fn release_lease(&self, lease: Arc<Self::Lease>) -> impl Future<Output = ()> + Send;
+    fn release_lease(&self, lease: Arc<Self::Lease>) -> impl Future<Output = ()> + Send {
+        self.leases().release(lease)
+    }
 
     /// Stops renewing `lease` so it lapses at the server (taking its entries with it), for an
     /// entry that could not be deleted.
-    fn abandon_lease(&self, lease: &Arc<Self::Lease>) -> impl Future<Output = ()> + Send;
+    fn abandon_lease(&self, lease: &Arc<Self::Lease>) -> impl Future<Output = ()> + Send {
+        self.leases().abandon(lease)
+    }
 
     /// The name of our entry under `lease`: the same for every attempt under that lease.
     fn entry_name(&self, entrant: &Self::Entrant, lease: &Self::Lease) -> Self::Entry;

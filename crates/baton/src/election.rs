@@ -29,6 +29,32 @@ pub struct LeaderInfo {
     pub value: Option<String>,
 }
 
+impl LeaderInfo {
+    /// The candidate an entry describes: its position, and its stored value (see
+    /// [`entry_value`]).
+    pub(crate) fn from_entry(position: u64, raw: &[u8]) -> LeaderInfo {
+        let text = String::from_utf8_lossy(raw);
+        let (id, value) = match text.split_once('\n') {
+            Some((id, value)) => (id.to_string(), Some(value.to_string())),
+            None => (text.into_owned(), None),
+        };
+        LeaderInfo {
+            id,
+            token: position,
+            value,
+        }
+    }
+}
+
+/// What every backend stores in a candidate's entry: its id, then, if it has one, a newline and
+/// its leader value (ids contain no control characters, so the first newline separates them).
+pub(crate) fn entry_value(id: &str, value: Option<&str>) -> String {
+    match value {
+        Some(value) => format!("{id}\n{value}"),
+        None => id.to_string(),
+    }
+}
+
 /// The largest leader value a candidate may publish.
 const MAX_VALUE_BYTES: usize = 64 * 1024;
 

@@ -308,15 +308,7 @@ async fn expire_leases(store: Weak<Store>, wake: Arc<Notify>) {
 }
 
 fn describe(position: u64, record: &Record) -> LeaderInfo {
-    let (id, value) = match record.value.split_once('\n') {
-        Some((id, value)) => (id.to_string(), Some(value.to_string())),
-        None => (record.value.clone(), None),
-    };
-    LeaderInfo {
-        id,
-        token: position,
-        value,
-    }
+    LeaderInfo::from_entry(position, record.value.as_bytes())
 }
 
 /// A handle on the store `memory://NAME`, for tests: inject faults and change the state behind
@@ -633,8 +625,8 @@ impl Queue for MemoryBackend {
         &self.tokens
     }
 
-    fn is_closed(&self) -> bool {
-        self.leases.is_closed()
+    fn leases(&self) -> &LeasePool<Self::Lease> {
+        &self.leases
     }
 
     fn entrant(&self, spec: &CandidateSpec, serial: u64) -> MemEntrant {
@@ -642,10 +634,7 @@ impl Queue for MemoryBackend {
             election: spec.election.clone(),
             id: spec.id.clone(),
             serial,
-            value: match &spec.value {
-                Some(value) => format!("{}\n{value}", spec.id),
-                None => spec.id.clone(),
-            },
+            value: crate::election::entry_value(&spec.id, spec.value.as_deref()),
         }
     }
 
@@ -665,14 +654,6 @@ impl Queue for MemoryBackend {
                 Ok(MemLease { id, handle })
             })
             .await
-    }
-
-    async fn release_lease(&self, lease: Arc<MemLease>) {
-        self.leases.release(lease).await
-    }
-
-    async fn abandon_lease(&self, lease: &Arc<MemLease>) {
-        self.leases.abandon(lease).await
     }
 
     fn entry_name(&self, entrant: &MemEntrant, lease: &MemLease) -> MemEntry {

@@ -539,15 +539,7 @@ fn break_all(hub: &Mutex<Hub>, reason: &str) {
 }
 
 fn describe(position: i64, value: String) -> LeaderInfo {
-    let (id, value) = match value.split_once('\n') {
-        Some((id, value)) => (id.to_string(), Some(value.to_string())),
-        None => (value, None),
-    };
-    LeaderInfo {
-        id,
-        token: u64::try_from(position).unwrap_or(0),
-        value,
-    }
+    LeaderInfo::from_entry(u64::try_from(position).unwrap_or(0), value.as_bytes())
 }
 
 /// A lease: a session row.
@@ -715,8 +707,8 @@ impl Queue for PgBackend {
         &self.tokens
     }
 
-    fn is_closed(&self) -> bool {
-        self.leases.is_closed()
+    fn leases(&self) -> &LeasePool<Self::Lease> {
+        &self.leases
     }
 
     fn entrant(&self, spec: &CandidateSpec, serial: u64) -> PgEntrant {
@@ -724,10 +716,7 @@ impl Queue for PgBackend {
             election: spec.election.clone(),
             id: spec.id.clone(),
             serial,
-            value: match &spec.value {
-                Some(value) => format!("{}\n{value}", spec.id),
-                None => spec.id.clone(),
-            },
+            value: crate::election::entry_value(&spec.id, spec.value.as_deref()),
         }
     }
 
@@ -762,14 +751,6 @@ impl Queue for PgBackend {
                 Ok(PgLease { id, handle })
             })
             .await
-    }
-
-    async fn release_lease(&self, lease: Arc<PgLease>) {
-        self.leases.release(lease).await
-    }
-
-    async fn abandon_lease(&self, lease: &Arc<PgLease>) {
-        self.leases.abandon(lease).await
     }
 
     fn entry_name(&self, entrant: &PgEntrant, lease: &PgLease) -> PgEntry {

@@ -503,27 +503,9 @@ fn leader_of(members: &BTreeMap<i64, String>) -> Option<LeaderInfo> {
         .map(|(revision, raw)| describe(*revision, raw.as_bytes()))
 }
 
-/// A candidate entry's value: its id, then, if it has one, a newline and its leader value (ids
-/// contain no control characters, so the first newline separates them).
-fn encode(id: &str, value: Option<&str>) -> String {
-    match value {
-        Some(value) => format!("{id}\n{value}"),
-        None => id.to_string(),
-    }
-}
-
 /// The candidate an entry with this create revision and value describes.
 fn describe(revision: i64, raw: &[u8]) -> LeaderInfo {
-    let text = String::from_utf8_lossy(raw);
-    let (id, value) = match text.split_once('\n') {
-        Some((id, value)) => (id.to_string(), Some(value.to_string())),
-        None => (text.into_owned(), None),
-    };
-    LeaderInfo {
-        id,
-        token: revision as u64,
-        value,
-    }
+    LeaderInfo::from_entry(u64::try_from(revision).unwrap_or(0), raw)
 }
 
 /// Whether an operating-system I/O error lies down `error`'s source chain.

@@ -9,7 +9,7 @@ use etcd_client::{
 
 use super::fence::EtcdFencer;
 use super::watch_hub::DeletionWatch;
-use super::{encode, request, request_within, EtcdBackend, EtcdLease, DELETE_TIMEOUT};
+use super::{request, request_within, EtcdBackend, EtcdLease, DELETE_TIMEOUT};
 use crate::driver::{
     EntryWatch, Fired, Located, Position, Queue, QueueLease, ReadPoint, TokenMemory,
 };
@@ -86,8 +86,8 @@ impl Queue for EtcdBackend {
         &self.tokens
     }
 
-    fn is_closed(&self) -> bool {
-        self.leases.is_closed()
+    fn leases(&self) -> &crate::driver::LeasePool<Self::Lease> {
+        &self.leases
     }
 
     fn entrant(&self, spec: &CandidateSpec, serial: u64) -> EtcdEntrant {
@@ -101,20 +101,12 @@ impl Queue for EtcdBackend {
                 self.prefix, spec.election, IDS_MARKER, spec.id
             )
             .into_bytes(),
-            value: encode(&spec.id, spec.value.as_deref()),
+            value: crate::election::entry_value(&spec.id, spec.value.as_deref()),
         }
     }
 
     async fn lease(&self, config: &ElectionConfig) -> Result<Arc<EtcdLease>> {
         EtcdBackend::lease(self, config).await
-    }
-
-    async fn release_lease(&self, lease: Arc<EtcdLease>) {
-        self.leases.release(lease).await
-    }
-
-    async fn abandon_lease(&self, lease: &Arc<EtcdLease>) {
-        self.leases.abandon(lease).await
     }
 
     fn entry_name(&self, entrant: &EtcdEntrant, lease: &EtcdLease) -> Vec<u8> {

@@ -769,27 +769,14 @@ fn queue_order(children: Vec<String>) -> Vec<(u64, String)> {
     entries
 }
 
-/// An entry's data: its id, then, if it has one, a newline and its leader value (ids contain
-/// no control characters, so the first newline separates them).
+/// An entry's data (see [`crate::election::entry_value`]).
 fn encode(id: &str, value: Option<&str>) -> Vec<u8> {
-    match value {
-        Some(value) => format!("{id}\n{value}").into_bytes(),
-        None => id.as_bytes().to_vec(),
-    }
+    crate::election::entry_value(id, value).into_bytes()
 }
 
 /// The candidate an entry with this czxid and data describes.
 fn describe(czxid: i64, raw: &[u8]) -> LeaderInfo {
-    let text = String::from_utf8_lossy(raw);
-    let (id, value) = match text.split_once('\n') {
-        Some((id, value)) => (id.to_string(), Some(value.to_string())),
-        None => (text.into_owned(), None),
-    };
-    LeaderInfo {
-        id,
-        token: czxid.max(0) as u64,
-        value,
-    }
+    LeaderInfo::from_entry(u64::try_from(czxid).unwrap_or(0), raw)
 }
 
 impl Connection for ZkBackend {

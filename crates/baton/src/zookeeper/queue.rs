@@ -145,8 +145,8 @@ impl Queue for ZkBackend {
         &self.tokens
     }
 
-    fn is_closed(&self) -> bool {
-        self.leases.is_closed()
+    fn leases(&self) -> &crate::driver::LeasePool<Self::Lease> {
+        &self.leases
     }
 
     fn entrant(&self, spec: &CandidateSpec, serial: u64) -> ZkEntrant {
@@ -164,14 +164,6 @@ impl Queue for ZkBackend {
 
     async fn lease(&self, config: &ElectionConfig) -> Result<Arc<ZkLease>> {
         ZkBackend::lease(self, config).await
-    }
-
-    async fn release_lease(&self, lease: Arc<ZkLease>) {
-        self.leases.release(lease).await
-    }
-
-    async fn abandon_lease(&self, lease: &Arc<ZkLease>) {
-        self.leases.abandon(lease).await
     }
 
     fn entry_name(&self, entrant: &ZkEntrant, lease: &ZkLease) -> ZkEntry {
