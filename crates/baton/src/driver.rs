@@ -123,7 +123,7 @@ pub(crate) trait Queue: Send + Sync + 'static {
         self.leases().is_closed()
     }
 
-    /// The backend's view of a candidacy of `spec`; `serial` is unique within this backend.
+    /// The backend's view of a candidacy of `spec`; `serial` is unique within this process.
     fn entrant(&self, spec: &CandidateSpec, serial: u64) -> Self::Entrant;
 
     /// A live lease for `config` (shared by candidacies with the same lease settings).
@@ -340,11 +340,14 @@ impl TokenMemory {
 pub(crate) fn spawn<Q: Queue>(
     queue: Arc<Q>,
     spec: CandidateSpec,
-    serial: u64,
     commands_rx: mpsc::Receiver<Command>,
     commands: mpsc::Sender<Command>,
     leaderships: mpsc::Sender<Box<Result<Leadership>>>,
 ) {
+    // Unique in the process, so unique within any backend: it tells apart two candidacies of
+    // one election under one lease.
+    static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
     let entrant = queue.entrant(&spec, serial);
     let CandidateSpec {
         election,

@@ -474,7 +474,6 @@ pub(crate) struct MemoryBackend {
     leases: LeasePool<MemLease>,
     tokens: TokenMemory,
     stats: Arc<Stats>,
-    next_candidate: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for MemoryBackend {
@@ -497,7 +496,6 @@ impl MemoryBackend {
             leases: LeasePool::default(),
             tokens: TokenMemory::default(),
             stats: Arc::new(Stats::default()),
-            next_candidate: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -932,10 +930,7 @@ impl Connection for MemoryBackend {
         commands: mpsc::Sender<Command>,
         leaderships: mpsc::Sender<Box<Result<Leadership>>>,
     ) {
-        let serial = self
-            .next_candidate
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        crate::driver::spawn(self, spec, serial, commands_rx, commands, leaderships);
+        crate::driver::spawn(self, spec, commands_rx, commands, leaderships);
     }
 
     fn leader<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Option<LeaderInfo>>> {

@@ -23,7 +23,7 @@
 //!   entry cannot be deleted (and no successor can lead) until the transaction ends.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -226,7 +226,6 @@ pub(crate) struct PgBackend {
     leases: LeasePool<PgLease>,
     tokens: TokenMemory,
     stats: Arc<Stats>,
-    next_candidate: AtomicU64,
 }
 
 impl std::fmt::Debug for PgBackend {
@@ -333,7 +332,6 @@ impl PgBackend {
             leases: LeasePool::default(),
             tokens: TokenMemory::default(),
             stats,
-            next_candidate: AtomicU64::new(0),
         };
         backend.create_schema().await?;
         backend.listen().await?;
@@ -1268,8 +1266,7 @@ impl Connection for PgBackend {
         commands: mpsc::Sender<Command>,
         leaderships: mpsc::Sender<Box<Result<Leadership>>>,
     ) {
-        let serial = self.next_candidate.fetch_add(1, Ordering::Relaxed);
-        crate::driver::spawn(self, spec, serial, commands_rx, commands, leaderships);
+        crate::driver::spawn(self, spec, commands_rx, commands, leaderships);
     }
 
     fn leader<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Option<LeaderInfo>>> {

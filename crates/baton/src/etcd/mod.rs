@@ -12,7 +12,7 @@ mod queue;
 mod watch_hub;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -162,7 +162,6 @@ pub(crate) struct EtcdBackend {
     prefix: String,
     clock: Clock,
     leases: LeasePool<EtcdLease>,
-    next_candidate: AtomicU64,
     /// The highest token seen elected per election, across this backend's candidacies: a new
     /// entry at or below it means etcd's revision went backwards (restored or wiped). One
     /// number per election this process has led.
@@ -220,7 +219,6 @@ impl EtcdBackend {
             prefix,
             clock: Clock::new(),
             leases: LeasePool::default(),
-            next_candidate: AtomicU64::new(0),
             tokens: TokenMemory::default(),
             stats,
         })
@@ -577,8 +575,7 @@ impl Connection for EtcdBackend {
         commands: mpsc::Sender<Command>,
         leaderships: mpsc::Sender<Box<Result<Leadership>>>,
     ) {
-        let serial = self.next_candidate.fetch_add(1, Ordering::Relaxed);
-        crate::driver::spawn(self, spec, serial, commands_rx, commands, leaderships);
+        crate::driver::spawn(self, spec, commands_rx, commands, leaderships);
     }
 
     fn leader<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Option<LeaderInfo>>> {

@@ -26,7 +26,7 @@ mod queue;
 mod watch;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -276,7 +276,6 @@ pub(crate) struct ZkBackend {
     limits: BackendLimits,
     clock: Clock,
     leases: LeasePool<ZkLease>,
-    next_candidate: AtomicU64,
     /// The highest token seen elected per election, across this backend's candidacies: a new
     /// entry at or below it means the ensemble's history went backwards (restored or wiped).
     tokens: TokenMemory,
@@ -326,7 +325,6 @@ impl ZkBackend {
             limits,
             clock: Clock::new(),
             leases: LeasePool::default(),
-            next_candidate: AtomicU64::new(0),
             tokens: TokenMemory::default(),
             stats,
         })
@@ -799,8 +797,7 @@ impl Connection for ZkBackend {
         commands: mpsc::Sender<Command>,
         leaderships: mpsc::Sender<Box<Result<Leadership>>>,
     ) {
-        let serial = self.next_candidate.fetch_add(1, Ordering::Relaxed);
-        crate::driver::spawn(self, spec, serial, commands_rx, commands, leaderships);
+        crate::driver::spawn(self, spec, commands_rx, commands, leaderships);
     }
 
     fn leader<'a>(&'a self, election: &'a str) -> BoxFuture<'a, Result<Option<LeaderInfo>>> {
