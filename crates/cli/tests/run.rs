@@ -451,3 +451,32 @@ fn leader_value_is_shown_and_duplicate_ids_are_refused() {
     signal(a.id() as i32, libc::SIGTERM);
     let _ = a.wait();
 }
+
+/// `baton observe … | head -n1`: once its reader is gone, the next change ends `observe`
+/// quietly (no panic, no noise), instead of it writing into a closed pipe forever.
+#[test]
+fn observe_ends_quietly_when_its_reader_closes_the_pipe() {
+    use std::io::BufRead;
+    let election = unique("observe-pipe");
+    let mut observer = baton()
+        .args(["observe", "--backend", &url(), "--election", &election])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(observer.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("\"leader\":null"), "{first}");
+    // The reader is gone (dropped above); a leader comes and goes.
+    let status = run_script(&election, &[], "true").status().unwrap();
+    assert!(status.success());
+    let exited = wait_for("observe ends", Duration::from_secs(10), || {
+        observer.try_wait().unwrap()
+    });
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut observer.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!exited.success() || stderr.is_empty(), "{stderr}");
+}
