@@ -709,17 +709,41 @@ impl Standby {
     /// Ends a guard that gets no term. Its control pipe closing tells it so: it ends its
     /// launcher, waits for it and exits, leaving the cgroup empty and no orphan to us (killing
     /// it instead would orphan the launcher to us, where it stays a zombie and keeps the cgroup
-    /// from being removed). A guard that does not exit in time is killed.
+    /// from being removed). A guard that does not exit in time is killed, and what it leaves
+    /// orphaned to us is killed and reaped here.
     async fn cancel(self) {
         let Standby {
-            mut child, control, ..
+            mut child,
+            control,
+            cage,
+            ..
         } = self;
         drop(control);
         if tokio::time::timeout(STANDBY_CANCEL, child.wait())
             .await
-            .is_err()
+            .is_ok()
         {
-            let _ = child.kill().await;
+            return;
+        }
+        let _ = child.kill().await;
+        // The guard is reaped: anything still under us is its launcher (dying of its
+        // parent-death signal) or what that started. No other child of ours exists while a
+        // standby is being cancelled.
+        let me = std::process::id() as i32;
+        let give_up = Instant::now() + STANDBY_CANCEL;
+        loop {
+            cage.kill();
+            let tree = containment::descendants(me);
+            containment::signal_all(&tree, libc::SIGKILL, None);
+            containment::reap(
+                tree.iter()
+                    .filter(|p| p.parent == me && !p.live)
+                    .map(|p| p.pid),
+            );
+            if tree.is_empty() || Instant::now() >= give_up {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 

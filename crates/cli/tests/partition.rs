@@ -219,8 +219,31 @@ fn failed_campaigns_leave_no_zombies() {
         let text = std::fs::read_to_string(dir.join("w.stderr")).unwrap_or_default();
         (text.matches("trying again").count() >= 3).then_some(())
     });
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-    let zombies: Vec<&str> = children
+    // A guard that has just exited is a zombie until `baton run` reaps it a moment later: what
+    // must not happen is a zombie that stays. Every one seen now must be gone within 3 s.
+    let mut stayed = zombies_of(pid);
+    for _ in 0..30 {
+        if stayed.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let now = zombies_of(pid);
+        stayed.retain(|zombie| now.contains(zombie));
+    }
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let _ = wait_for("waiter exits", Duration::from_secs(15), || {
+        waiter.try_wait().unwrap()
+    });
+    assert!(stayed.is_empty(), "zombies left to baton run: {stayed:?}");
+    drop(leader);
+}
+
+/// The children of `pid` that are zombies.
+fn zombies_of(pid: u32) -> Vec<String> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    children
         .split_whitespace()
         .filter(|child| {
             std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
@@ -231,12 +254,6 @@ fn failed_campaigns_leave_no_zombies() {
                     .starts_with('Z')
             })
         })
-        .collect();
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let _ = wait_for("waiter exits", Duration::from_secs(15), || {
-        waiter.try_wait().unwrap()
-    });
-    assert!(zombies.is_empty(), "zombies left to baton run: {zombies:?}");
-    drop(leader);
+        .map(str::to_string)
+        .collect()
 }
