@@ -165,3 +165,53 @@ stop_postgres() {
     PG_DIR=""
   fi
 }
+
+# start_pgbouncer PORT PG_PORT: starts PgBouncer (transaction pooling, the mode that breaks
+# session state such as LISTEN) on 127.0.0.1:PORT in front of the PostgreSQL on PG_PORT; sets
+# PGB_PID and PGB_DIR. Users baton/baton and postgres (admin console) as in start_postgres.
+start_pgbouncer() {
+  local port=$1 pg_port=$2
+  if port_in_use "$port"; then
+    log "port $port on 127.0.0.1 is already in use; choose a free port (see the top of $0)"
+    exit 1
+  fi
+  PGB_DIR=$(mktemp -d /tmp/baton-pgbouncer.XXXXXX)
+  cat >"$PGB_DIR/pgbouncer.ini" <<CONF
+[databases]
+baton = host=127.0.0.1 port=$pg_port dbname=baton
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = $PGB_DIR/users.txt
+pool_mode = transaction
+max_client_conn = 2000
+default_pool_size = 20
+admin_users = postgres
+logfile = $PGB_DIR/pgbouncer.log
+pidfile = $PGB_DIR/pgbouncer.pid
+CONF
+  printf '"baton" "baton"\n"postgres" "postgres"\n' >"$PGB_DIR/users.txt"
+  chown -R postgres:postgres "$PGB_DIR"
+  log "starting PgBouncer (transaction pooling) on 127.0.0.1:$port"
+  runuser -u postgres -- pgbouncer "$PGB_DIR/pgbouncer.ini" >"$PGB_DIR/stdout.log" 2>&1 &
+  PGB_PID=$!
+  for _ in $(seq 1 100); do
+    if port_in_use "$port"; then return 0; fi
+    if ! kill -0 "$PGB_PID" 2>/dev/null; then
+      log "PgBouncer failed to start:"; cat "$PGB_DIR/stdout.log" "$PGB_DIR/pgbouncer.log" >&2; exit 1
+    fi
+    sleep 0.1
+  done
+  log "PgBouncer did not start listening:"; tail -20 "$PGB_DIR/pgbouncer.log" >&2; exit 1
+}
+
+stop_pgbouncer() {
+  if [ -n "${PGB_PID:-}" ]; then
+    kill "$PGB_PID" 2>/dev/null || true
+    wait "$PGB_PID" 2>/dev/null || true
+    PGB_PID=""
+  fi
+  if [ -n "${PGB_DIR:-}" ]; then rm -rf "$PGB_DIR"; fi
+}

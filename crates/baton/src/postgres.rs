@@ -16,9 +16,15 @@
 //!   deadline counts from the send time of the acknowledged one (rule 1). Rows of expired
 //!   sessions are deleted by any live client (their entries go with them), no cron job.
 //! - **Waiting**: deleting an entry notifies (`pg_notify`, one channel per schema) and only the
-//!   candidate watching that entry wakes; as a fallback against a lost notification, and to
-//!   notice a crashed holder, a watcher also looks again when the entry's session is due to
-//!   expire, measured by the database's clock (no client clock is compared).
+//!   candidate watching that entry wakes. To notice a crashed holder, a watcher also looks when
+//!   the watched entry's session is due to expire, measured by the database's clock (no client
+//!   clock is compared), and removes expired sessions then.
+//! - **Behind a pooler in transaction mode** (PgBouncer): every statement is sent typed, on
+//!   the unnamed statement (one round trip, nothing named left on a server connection), and
+//!   only single statements or short explicit transactions are used, so everything works
+//!   except LISTEN. A probe notification tells whether notifications reach the LISTEN
+//!   connection; where they do not, watchers poll instead (every 250 ms on the leader's entry,
+//!   every 5 s on others), so a graceful handoff can take up to 250 ms longer.
 //! - **Fencing**: a fenced transaction locks the leader's entry row (`FOR UPDATE`), so the
 //!   entry cannot be deleted (and no successor can lead) until the transaction ends.
 
@@ -29,6 +35,7 @@ use std::time::Duration;
 
 use baton_core::{BackendLimits, ElectionConfig};
 use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls};
 
 use crate::backend::{BoxFuture, Connection, Fencer};
@@ -53,8 +60,20 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections a backend keeps for its statements (renewals and notifications have their own).
 const POOL: usize = 2;
 
-/// The longest a watcher waits without looking again (a lost notification).
-const POLL_LIMIT: Duration = Duration::from_secs(5);
+/// Without notifications (behind a transaction-mode pooler), how often a waiter looks at the
+/// leader's entry it waits on: the most a graceful handoff can be delayed.
+const POLL_FAST: Duration = Duration::from_millis(250);
+
+/// Without notifications, how often any other watched entry is looked at.
+const POLL_SLOW: Duration = Duration::from_secs(5);
+
+/// How long the notification connection's probe may take before notifications are taken not
+/// to arrive.
+const PROBE_WAIT: Duration = Duration::from_secs(2);
+
+/// How long connecting waits for that probe (a notification arrives in milliseconds where
+/// they arrive at all; behind a pooler the rest of the wait goes on in the background).
+const PROBE_PATIENCE: Duration = Duration::from_millis(300);
 
 /// Leases are rows with an interval: any TTL from 10 ms, in milliseconds.
 pub(crate) const LIMITS: BackendLimits = BackendLimits {
@@ -85,6 +104,43 @@ fn pg_error(operation: &'static str, error: tokio_postgres::Error) -> Error {
         retryable,
         source: Some(Box::new(error)),
     }
+}
+
+/// A statement parameter with its PostgreSQL type. Every statement goes out typed: one round
+/// trip (parse, bind, execute) on the unnamed statement, where a prepared one costs three, and
+/// nothing named is left on the server connection, which a transaction-mode pooler
+/// (PgBouncer) may hand to another client between statements.
+fn p<T: Typed>(value: &T) -> (&(dyn ToSql + Sync), Type) {
+    (value, T::TYPE)
+}
+
+/// A Rust type baton passes as a statement parameter, and its PostgreSQL type.
+trait Typed: ToSql + Sync {
+    const TYPE: Type;
+}
+
+impl Typed for String {
+    const TYPE: Type = Type::TEXT;
+}
+
+impl Typed for &str {
+    const TYPE: Type = Type::TEXT;
+}
+
+impl Typed for i64 {
+    const TYPE: Type = Type::INT8;
+}
+
+impl Typed for i32 {
+    const TYPE: Type = Type::INT4;
+}
+
+impl Typed for f64 {
+    const TYPE: Type = Type::FLOAT8;
+}
+
+impl Typed for Vec<u8> {
+    const TYPE: Type = Type::BYTEA;
 }
 
 /// The most telling line of an error (tokio-postgres nests the OS error).
@@ -201,12 +257,15 @@ impl Pool {
 /// connection.
 #[derive(Default)]
 struct Hub {
-    /// (election, position) → the watches of that entry.
-    deletions: HashMap<(String, u64), Vec<oneshot::Sender<Fired<PgEntry>>>>,
+    /// (election, entry name) → the watches of that entry.
+    deletions: HashMap<(String, String), Vec<oneshot::Sender<Fired<PgEntry>>>>,
     /// election → observers of its changes.
     observers: HashMap<String, Vec<mpsc::UnboundedSender<Seen>>>,
     /// Whether the LISTEN connection is up (notifications may be lost while it is not).
     listening: bool,
+    /// Notifications do not reach the LISTEN connection (a pooler in transaction mode hands
+    /// it a different server connection for every statement): watches poll instead.
+    polling: bool,
 }
 
 /// What an observer hears.
@@ -224,6 +283,8 @@ pub(crate) struct PgBackend {
     hub: Arc<Mutex<Hub>>,
     clock: Clock,
     leases: LeasePool<PgLease>,
+    /// The sessions this backend has granted (an entry on one of them is our own).
+    own_sessions: Mutex<std::collections::HashSet<i64>>,
     tokens: TokenMemory,
     stats: Arc<Stats>,
 }
@@ -269,10 +330,12 @@ CREATE TABLE IF NOT EXISTS {schema}.fences (resource text PRIMARY KEY, token big
 CREATE OR REPLACE FUNCTION {schema}.entry_changed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        PERFORM pg_notify('{channel}', 'D' || chr(9) || OLD.election || chr(9) || OLD.position);
+        PERFORM pg_notify('{channel}',
+            'D' || chr(9) || OLD.position || chr(9) || OLD.name || chr(9) || OLD.election);
         RETURN OLD;
     END IF;
-    PERFORM pg_notify('{channel}', 'I' || chr(9) || NEW.election || chr(9) || NEW.position);
+    PERFORM pg_notify('{channel}',
+        'I' || chr(9) || NEW.position || chr(9) || NEW.name || chr(9) || NEW.election);
     RETURN NEW;
 END $$;
 DROP TRIGGER IF EXISTS entry_changed ON {schema}.entries;
@@ -330,11 +393,12 @@ impl PgBackend {
             hub: Arc::new(Mutex::new(Hub::default())),
             clock: Clock::new(),
             leases: LeasePool::default(),
+            own_sessions: Mutex::default(),
             tokens: TokenMemory::default(),
             stats,
         };
         backend.create_schema().await?;
-        backend.listen().await?;
+        backend.listen().await;
         Ok(backend)
     }
 
@@ -346,7 +410,7 @@ impl PgBackend {
         const OP: &str = "create schema";
         let mut client = self.pool.get().await?;
         let exists = format!("SELECT to_regclass('{}.meta') IS NOT NULL", self.schema);
-        let present: bool = bounded(&self.stats, OP, client.query_one(&exists, &[]))
+        let present: bool = bounded(&self.stats, OP, client.query_typed_one(&exists, &[]))
             .await?
             .get(0);
         if !present {
@@ -354,15 +418,16 @@ impl PgBackend {
             bounded(
                 &self.stats,
                 OP,
-                transaction.execute(
+                transaction.execute_typed(
                     "SELECT pg_advisory_xact_lock(hashtext('baton schema'))",
                     &[],
                 ),
             )
             .await?;
-            let still_absent: bool = !bounded(&self.stats, OP, transaction.query_one(&exists, &[]))
-                .await?
-                .get::<_, bool>(0);
+            let still_absent: bool =
+                !bounded(&self.stats, OP, transaction.query_typed_one(&exists, &[]))
+                    .await?
+                    .get::<_, bool>(0);
             if still_absent {
                 let sql = schema_sql(&self.schema, &self.channel);
                 bounded(&self.stats, OP, transaction.batch_execute(&sql)).await?;
@@ -376,7 +441,7 @@ impl PgBackend {
                 bounded(
                     &self.stats,
                     OP,
-                    transaction.execute(&insert, &[&SCHEMA_VERSION]),
+                    transaction.execute_typed(&insert, &[p(&SCHEMA_VERSION)]),
                 )
                 .await?;
             }
@@ -385,7 +450,7 @@ impl PgBackend {
         let version: Option<i32> = bounded(
             &self.stats,
             OP,
-            client.query_opt(
+            client.query_typed_opt(
                 &format!("SELECT max(version) FROM {}.meta", self.schema),
                 &[],
             ),
@@ -401,63 +466,63 @@ impl PgBackend {
         }
     }
 
-    /// Starts the LISTEN connection and the task that dispatches its notifications, and keeps
-    /// it up (reconnecting) for as long as the backend lives.
-    async fn listen(&self) -> Result<()> {
-        let (tx, mut notes) = mpsc::unbounded_channel();
-        let client = open(&self.pool.config, &self.pool.label, Some(tx)).await?;
-        bounded(
-            &self.stats,
-            "listen",
-            client.batch_execute(&format!("LISTEN {}", self.channel)),
-        )
-        .await?;
-        self.hub.lock().unwrap_or_else(|e| e.into_inner()).listening = true;
+    /// Starts the task that keeps the LISTEN connection up (reconnecting) and dispatches its
+    /// notifications, for as long as the backend lives and is not closed. Where notifications
+    /// do not arrive (a pooler in transaction mode), watches poll instead and the task ends.
+    /// Waits up to [`PROBE_PATIENCE`] for the first connection's probe: until notifications
+    /// are known to arrive (or not), watches look again every [`crate::driver::RETRY_PAUSE`].
+    async fn listen(&self) {
+        let (decided_tx, decided) = oneshot::channel::<()>();
         let hub = Arc::downgrade(&self.hub);
-        let config = self.pool.config.clone();
-        let label = self.pool.label.clone();
+        let pool = self.pool.clone();
         let channel = self.channel.clone();
+        let stats = self.stats.clone();
+        let closing = self.leases.closing();
         tokio::spawn(async move {
-            let mut client = client;
+            let mut closing = std::pin::pin!(closing);
+            let mut decided = Some(decided_tx);
             loop {
-                while let Some(note) = notes.recv().await {
-                    let Some(hub) = hub.upgrade() else { return };
-                    dispatch(&hub, &note);
-                }
-                // The connection broke: watches may miss deletions now; they look again.
                 let Some(strong) = hub.upgrade() else { return };
-                break_all(&strong, "the notification connection broke");
-                drop(strong);
-                drop(client);
-                loop {
-                    tokio::time::sleep(crate::driver::RETRY_PAUSE).await;
-                    if hub.strong_count() == 0 {
-                        return;
-                    }
-                    let (tx, fresh) = mpsc::unbounded_channel();
-                    let Ok(opened) = open(&config, &label, Some(tx)).await else {
-                        continue;
-                    };
-                    if opened
-                        .batch_execute(&format!("LISTEN {channel}"))
-                        .await
-                        .is_ok()
-                    {
-                        client = opened;
-                        notes = fresh;
-                        if let Some(hub) = hub.upgrade() {
-                            let mut hub = hub.lock().unwrap_or_else(|e| e.into_inner());
-                            hub.listening = true;
+                let subscribed = tokio::select! {
+                    subscribed = subscribe(&pool, &channel, &strong, &stats) => subscribed,
+                    _ = closing.as_mut() => return,
+                };
+                drop(decided.take());
+                match subscribed {
+                    Ok(Some((client, mut notes))) => {
+                        {
+                            let mut hub = strong.lock().unwrap_or_else(|e| e.into_inner());
                             for observers in hub.observers.values_mut() {
                                 observers.retain(|o| o.send(Seen::Changed).is_ok());
                             }
                         }
-                        break;
+                        drop(strong);
+                        loop {
+                            tokio::select! {
+                                note = notes.recv() => match (note, hub.upgrade()) {
+                                    (Some(note), Some(hub)) => dispatch(&hub, &note),
+                                    (None, _) => break,
+                                    (_, None) => return,
+                                },
+                                _ = closing.as_mut() => return,
+                            }
+                        }
+                        drop(client);
+                        // The connection broke: watches may miss deletions now; they look
+                        // again.
+                        let Some(strong) = hub.upgrade() else { return };
+                        break_all(&strong, "the notification connection broke");
                     }
+                    Ok(None) => return poll_instead(&strong),
+                    Err(_) => drop(strong),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(crate::driver::RETRY_PAUSE) => {}
+                    _ = closing.as_mut() => return,
                 }
             }
         });
-        Ok(())
+        let _ = tokio::time::timeout(PROBE_PATIENCE, decided).await;
     }
 
     /// Deletes the sessions whose time is up (their entries go with them, notifying).
@@ -469,7 +534,7 @@ impl PgBackend {
         bounded(
             &self.stats,
             "remove expired sessions",
-            client.execute(&sql, &[]),
+            client.execute_typed(&sql, &[]),
         )
         .await?;
         Ok(())
@@ -486,17 +551,87 @@ impl PgBackend {
         let row = bounded(
             &self.stats,
             "get leader",
-            client.query_opt(&sql, &[&election]),
+            client.query_typed_opt(&sql, &[p(&election)]),
         )
         .await?;
         Ok(row.map(|row| describe(row.get(0), row.get(1))))
     }
 }
 
-/// Routes one notification (`D|I <tab> election <tab> position`) to its watchers and observers.
+/// Opens a connection, LISTENs on `channel` and checks that a notification sent through the
+/// pool comes back on it: `None` if it does not (behind a pooler in transaction mode the
+/// LISTEN stays on a server connection this one no longer has). Notifications arriving
+/// meanwhile are dispatched.
+async fn subscribe(
+    pool: &Pool,
+    channel: &str,
+    hub: &Mutex<Hub>,
+    stats: &Stats,
+) -> Result<Option<(Client, mpsc::UnboundedReceiver<String>)>> {
+    static PROBES: AtomicUsize = AtomicUsize::new(0);
+    let (tx, mut notes) = mpsc::unbounded_channel();
+    let client = open(&pool.config, &pool.label, Some(tx)).await?;
+    bounded(
+        stats,
+        "listen",
+        client.batch_execute(&format!("LISTEN {channel}")),
+    )
+    .await?;
+    let probe = format!(
+        "P\t{}-{}",
+        std::process::id(),
+        PROBES.fetch_add(1, Ordering::Relaxed)
+    );
+    {
+        let sender = pool.get().await?;
+        let notify = "SELECT pg_notify($1, $2)";
+        bounded(
+            stats,
+            "listen",
+            sender.query_typed(notify, &[p(&channel), p(&probe.as_str())]),
+        )
+        .await?;
+    }
+    let arrived = tokio::time::timeout(PROBE_WAIT, async {
+        while let Some(note) = notes.recv().await {
+            if note == probe {
+                return true;
+            }
+            dispatch(hub, &note);
+        }
+        false
+    })
+    .await;
+    if arrived != Ok(true) {
+        // Leave nothing listening where we can (a pooler may run this elsewhere).
+        let _ = tokio::time::timeout(REQUEST_TIMEOUT, client.batch_execute("UNLISTEN *")).await;
+        return Ok(None);
+    }
+    hub.lock().unwrap_or_else(|e| e.into_inner()).listening = true;
+    Ok(Some((client, notes)))
+}
+
+/// Notifications do not arrive: watches poll from now on (those waiting for a notification
+/// are told to start again).
+fn poll_instead(hub: &Mutex<Hub>) {
+    tracing::warn!(
+        "PostgreSQL notifications do not reach baton (a pooler in transaction mode, such as \
+         PgBouncer?): waiters poll instead, so a handoff can take up to {} longer",
+        crate::format_duration(POLL_FAST)
+    );
+    let mut hub = hub.lock().unwrap_or_else(|e| e.into_inner());
+    hub.polling = true;
+    hub.listening = false;
+    // Watches waiting for a notification start again, polling.
+    hub.deletions.clear();
+}
+
+/// Routes one notification (`D|I <tab> position <tab> name <tab> election`) to its watchers
+/// and observers.
 fn dispatch(hub: &Mutex<Hub>, note: &str) {
-    let mut parts = note.splitn(3, '\t');
-    let (Some(kind), Some(election), Some(position)) = (parts.next(), parts.next(), parts.next())
+    let mut parts = note.splitn(4, '\t');
+    let (Some(kind), Some(position), Some(name), Some(election)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return;
     };
@@ -505,12 +640,13 @@ fn dispatch(hub: &Mutex<Hub>, note: &str) {
     };
     let mut hub = hub.lock().unwrap_or_else(|e| e.into_inner());
     if kind == "D" {
-        if let Some(watches) = hub.deletions.remove(&(election.to_string(), position)) {
+        let key = (election.to_string(), name.to_string());
+        if let Some(watches) = hub.deletions.remove(&key) {
             for watch in watches {
                 let _ = watch.send(Fired::Deleted {
                     entry: PgEntry {
                         election: election.to_string(),
-                        name: String::new(),
+                        name: name.to_string(),
                     },
                     position: Position(position),
                 });
@@ -578,7 +714,7 @@ impl LeaseTransport for PgLeaseTransport {
         let row = bounded(
             &self.stats,
             "lease grant",
-            client.query_one(&sql, &[&seconds]),
+            client.query_typed_one(&sql, &[p(&seconds)]),
         )
         .await?;
         self.id = row.get(0);
@@ -606,7 +742,12 @@ impl LeaseTransport for PgLeaseTransport {
         let sql = format!("DELETE FROM {}.sessions WHERE id = $1", self.schema);
         let id = self.id;
         let client = self.pool.get().await?;
-        bounded(&self.stats, "lease revoke", client.execute(&sql, &[&id])).await?;
+        bounded(
+            &self.stats,
+            "lease revoke",
+            client.execute_typed(&sql, &[p(&id)]),
+        )
+        .await?;
         Ok(())
     }
 }
@@ -637,7 +778,12 @@ async fn renew_worker(
                 client = Some(open(&config, &label, None).await?);
             }
             let client = client.as_ref().expect("connected above");
-            let row = bounded(&stats, "lease keepalive", client.query_opt(&sql, &[&id])).await?;
+            let row = bounded(
+                &stats,
+                "lease keepalive",
+                client.query_typed_opt(&sql, &[p(&id)]),
+            )
+            .await?;
             Ok(row.map_or(Duration::ZERO, |row| {
                 Duration::from_secs_f64(row.get::<_, f64>(0).max(0.0))
             }))
@@ -746,6 +892,10 @@ impl Queue for PgBackend {
                 let handle = start_lease(transport, config.clone(), self.clock.clone()).await?;
                 let id = id_rx.await.map_err(|_| Error::Closed)?;
                 let _ = worker_id_tx.send(id);
+                self.own_sessions
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id);
                 Ok(PgLease { id, handle })
             })
             .await
@@ -785,14 +935,14 @@ impl Queue for PgBackend {
             self.stats.request();
             let answer = tokio::time::timeout(
                 REQUEST_TIMEOUT,
-                client.query_opt(
+                client.query_typed_opt(
                     &insert,
                     &[
-                        &entrant.election,
-                        &entry.name,
-                        &entrant.id,
-                        &entrant.value,
-                        &lease.id,
+                        p(&entrant.election),
+                        p(&entry.name),
+                        p(&entrant.id),
+                        p(&entrant.value),
+                        p(&lease.id),
                     ],
                 ),
             )
@@ -826,7 +976,10 @@ impl Queue for PgBackend {
             let rows = bounded(
                 &self.stats,
                 OP,
-                client.query(&holders, &[&entrant.election, &entry.name, &entrant.id]),
+                client.query_typed(
+                    &holders,
+                    &[p(&entrant.election), p(&entry.name), p(&entrant.id)],
+                ),
             )
             .await?;
             let mut stale = false;
@@ -876,7 +1029,7 @@ impl Queue for PgBackend {
         let row = bounded(
             &self.stats,
             "find predecessor",
-            client.query_one(&sql, &[&entry.election, &position, &entry.name]),
+            client.query_typed_one(&sql, &[p(&entry.election), p(&position), p(&entry.name)]),
         )
         .await?;
         if !row.get::<_, bool>(0) {
@@ -910,70 +1063,49 @@ impl Queue for PgBackend {
         let row = bounded(
             &self.stats,
             "get own entry",
-            client.query_opt(&sql, &[&entry.election, &position, &entry.name]),
+            client.query_typed_opt(&sql, &[p(&entry.election), p(&position), p(&entry.name)]),
         )
         .await?;
         Ok(row.map(|_| ReadPoint(0)))
     }
 
     async fn watch_deletion(&self, entry: &PgEntry, _after: ReadPoint) -> Result<PgWatch> {
-        // Where is it? (Its position, and how long its session has left by the database's
-        // clock; none if it is gone.)
-        let sql = format!(
-            "SELECT e.position, extract(epoch FROM ss.expires_at - clock_timestamp())::float8 \
-             FROM {s}.entries e JOIN {s}.sessions ss ON ss.id = e.session \
-             WHERE e.election = $1 AND e.name = $2",
-            s = self.schema
-        );
         let (tx, fired) = oneshot::channel();
-        let listening = self.hub.lock().unwrap_or_else(|e| e.into_inner()).listening;
-        if !listening {
-            let _ = tx.send(Fired::Broken);
-            return Ok(PgWatch {
-                fired: Some(fired),
-                task: tokio::spawn(async {}),
-                stats: self.stats.clone(),
-            });
-        }
-        let client = self.pool.get().await?;
-        let row = bounded(
-            &self.stats,
-            "watch entry",
-            client.query_opt(&sql, &[&entry.election, &entry.name]),
-        )
-        .await?;
-        drop(client);
-        let Some(row) = row else {
-            // Gone already: its deletion came after our read.
-            let _ = tx.send(Fired::Deleted {
-                entry: entry.clone(),
-                position: Position(0),
-            });
-            return Ok(PgWatch {
-                fired: Some(fired),
-                task: tokio::spawn(async {}),
-                stats: self.stats.clone(),
-            });
-        };
-        let position = row.get::<_, i64>(0) as u64;
-        let left = Duration::from_secs_f64(row.get::<_, f64>(1).max(0.0));
-        // Registered for the notification (forwarded to the watch below).
         let (note_tx, note_rx) = oneshot::channel();
-        self.hub
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .deletions
-            .entry((entry.election.clone(), position))
-            .or_default()
-            .push(note_tx);
-        let backend = WatchLooks {
+        // Until notifications are known to arrive (the LISTEN connection's probe, or its
+        // reconnection), the watch polls; it is also registered for the notification unless
+        // notifications are known not to arrive.
+        let (notified, polling) = {
+            let mut hub = self.hub.lock().unwrap_or_else(|e| e.into_inner());
+            // Registered before the entry is read: a deletion committed after that read
+            // notifies a watch that is already there.
+            if !hub.polling {
+                let watches = hub
+                    .deletions
+                    .entry((entry.election.clone(), entry.name.clone()))
+                    .or_default();
+                watches.retain(|watch| !watch.is_closed());
+                watches.push(note_tx);
+            }
+            (!hub.polling, !hub.listening)
+        };
+        let own = entry_session(&entry.name).is_some_and(|session| {
+            self.own_sessions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&session)
+        });
+        let looks = WatchLooks {
             pool: self.pool.clone(),
             schema: self.schema.clone(),
             stats: self.stats.clone(),
             entry: entry.clone(),
-            position,
+            own,
+            notified,
+            polling,
         };
-        let task = tokio::spawn(backend.run(left, note_rx, tx));
+        // The first look at once: the entry may be gone already.
+        let task = tokio::spawn(looks.run(note_rx, tx));
         Ok(PgWatch {
             fired: Some(fired),
             task,
@@ -991,7 +1123,7 @@ impl Queue for PgBackend {
         bounded(
             &self.stats,
             "delete candidate entry",
-            client.execute(&sql, &[&entry.election, &position, &entry.name]),
+            client.execute_typed(&sql, &[p(&entry.election), p(&position), p(&entry.name)]),
         )
         .await?;
         Ok(())
@@ -1011,7 +1143,7 @@ impl Queue for PgBackend {
         bounded(
             &self.stats,
             "delete candidate entry",
-            client.execute(&sql, &[&entry.election, &entry.name, &lease.id]),
+            client.execute_typed(&sql, &[p(&entry.election), p(&entry.name), p(&lease.id)]),
         )
         .await?;
         Ok(())
@@ -1027,80 +1159,92 @@ impl Queue for PgBackend {
     }
 }
 
-/// A watch's own looks at its entry: when the entry's session is due to expire (plus a
-/// little), and at least every [`POLL_LIMIT`], it removes expired sessions and checks whether
-/// the entry is still there; a notification ends it sooner.
+/// A watch's own looks at its entry, which end it when the entry is gone; a notification ends
+/// it sooner. It looks at once, then:
+/// - with notifications, when the entry's session is due to expire (by the database's clock),
+///   removing expired sessions then: a crashed holder is noticed by its successor, no cron job
+///   needed. Entries on our own sessions need no looks (our lease driver knows when they end);
+/// - without (polling): every [`POLL_FAST`] while the entry leads its election (its deletion is
+///   a handoff, or a loss its holder must hear of as soon as its successor can), else every
+///   [`POLL_SLOW`], and never later than its session is due.
 struct WatchLooks {
     pool: Arc<Pool>,
     schema: String,
     stats: Arc<Stats>,
     entry: PgEntry,
-    position: u64,
+    /// The entry is on a session of this backend.
+    own: bool,
+    /// Registered for the deletion's notification.
+    notified: bool,
+    /// Looks at the polling cadence (notifications not known to arrive).
+    polling: bool,
+}
+
+/// What a look found: the entry is gone, or it is there at `position`, leading or not, and
+/// its session has `left`.
+enum Look {
+    Gone,
+    There {
+        position: u64,
+        first: bool,
+        left: Duration,
+    },
 }
 
 impl WatchLooks {
     async fn run(
         self,
-        mut left: Duration,
         mut note: oneshot::Receiver<Fired<PgEntry>>,
         fired: oneshot::Sender<Fired<PgEntry>>,
     ) {
-        let deleted = || Fired::Deleted {
-            entry: self.entry.clone(),
-            position: Position(self.position),
-        };
-        let look = format!(
-            "SELECT extract(epoch FROM ss.expires_at - clock_timestamp())::float8 FROM \
-             {s}.entries e JOIN {s}.sessions ss ON ss.id = e.session WHERE e.election = $1 \
-             AND e.position = $2",
-            s = self.schema
-        );
-        let clean = format!(
-            "DELETE FROM {}.sessions WHERE expires_at <= clock_timestamp()",
-            self.schema
-        );
+        // The position of the entry, once a look has seen it.
+        let mut seen = None;
+        let mut wait = Some(Duration::ZERO);
         loop {
-            let wait = (left + Duration::from_millis(20)).min(POLL_LIMIT);
+            let pause = async {
+                match wait {
+                    Some(wait) => tokio::time::sleep(wait).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                outcome = &mut note => {
+                outcome = &mut note, if self.notified => {
                     let _ = fired.send(match outcome {
-                        Ok(Fired::Deleted { .. }) => deleted(),
+                        Ok(deleted @ Fired::Deleted { .. }) => deleted,
                         _ => Fired::Broken,
                     });
                     return;
                 }
-                _ = tokio::time::sleep(wait) => {}
+                _ = pause => {}
             }
-            let looked = async {
-                let client = self.pool.get().await?;
-                let position = self.position as i64;
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
-                    [&self.entry.election, &position];
-                let read = || client.query_opt(&look, &params);
-                let row = bounded(&self.stats, "watch entry", read()).await?;
-                let Some(seconds) = row.map(|row| row.get::<_, f64>(0)) else {
-                    return Ok(None);
-                };
-                if seconds > 0.0 {
-                    return Ok(Some(seconds));
-                }
-                // Its session's time is up: remove it (and its entries), then look again.
-                bounded(
-                    &self.stats,
-                    "remove expired sessions",
-                    client.execute(&clean, &[]),
-                )
-                .await?;
-                let row = bounded(&self.stats, "watch entry", read()).await?;
-                Ok::<_, Error>(row.map(|row| row.get::<_, f64>(0)))
-            }
-            .await;
-            match looked {
-                Ok(None) => {
-                    let _ = fired.send(deleted());
+            match self.look().await {
+                // Gone before the first look: which incarnation went is unknown, so the
+                // driver finds out afresh where it stands.
+                Ok(Look::Gone) => {
+                    let _ = fired.send(seen.map_or(Fired::Broken, |position| Fired::Deleted {
+                        entry: self.entry.clone(),
+                        position: Position(position),
+                    }));
                     return;
                 }
-                Ok(Some(seconds)) => left = Duration::from_secs_f64(seconds.max(0.0)),
+                Ok(Look::There {
+                    position,
+                    first,
+                    left,
+                }) => {
+                    seen = Some(position);
+                    let due = left + Duration::from_millis(20);
+                    wait = match (self.polling, self.own, first) {
+                        (false, false, _) => Some(due),
+                        (false, true, _) => None,
+                        // A leader's entry deleted behind its back: the waiter behind it sees
+                        // that within POLL_FAST, so must the leader.
+                        (true, true, true) => Some(POLL_FAST),
+                        (true, true, false) => Some(POLL_SLOW),
+                        (true, false, true) => Some(due.min(POLL_FAST)),
+                        (true, false, false) => Some(due.min(POLL_SLOW)),
+                    };
+                }
                 Err(_) => {
                     let _ = fired.send(Fired::Broken);
                     return;
@@ -1108,6 +1252,51 @@ impl WatchLooks {
             }
         }
     }
+
+    /// One look (two statements when the entry's session has expired: removing it, then
+    /// looking again).
+    async fn look(&self) -> Result<Look> {
+        let s = &self.schema;
+        let look = format!(
+            "SELECT extract(epoch FROM ss.expires_at - clock_timestamp())::float8, \
+             e.position, NOT EXISTS (SELECT 1 FROM {s}.entries o WHERE o.election = e.election \
+             AND o.position < e.position) FROM {s}.entries e JOIN {s}.sessions ss \
+             ON ss.id = e.session WHERE e.election = $1 AND e.name = $2"
+        );
+        let client = self.pool.get().await?;
+        let params = [p(&self.entry.election), p(&self.entry.name)];
+        let read = || client.query_typed_opt(&look, &params);
+        let row = bounded(&self.stats, "watch entry", read()).await?;
+        let Some(mut row) = row else {
+            return Ok(Look::Gone);
+        };
+        if row.get::<_, f64>(0) <= 0.0 {
+            // Its session's time is up: remove it (and its entries), then look again.
+            let clean = format!("DELETE FROM {s}.sessions WHERE expires_at <= clock_timestamp()");
+            bounded(
+                &self.stats,
+                "remove expired sessions",
+                client.execute_typed(&clean, &[]),
+            )
+            .await?;
+            match bounded(&self.stats, "watch entry", read()).await? {
+                Some(again) => row = again,
+                None => return Ok(Look::Gone),
+            }
+        }
+        Ok(Look::There {
+            position: row.get::<_, i64>(1) as u64,
+            first: row.get(2),
+            left: Duration::from_secs_f64(row.get::<_, f64>(0).max(0.0)),
+        })
+    }
+}
+
+/// The session an entry name (`<session as 16 hex digits>-<serial>`) is bound to.
+fn entry_session(name: &str) -> Option<i64> {
+    u64::from_str_radix(name.get(..16)?, 16)
+        .ok()
+        .and_then(|id| i64::try_from(id).ok())
 }
 
 /// Fenced transactions: the leader's entry row is locked (`FOR UPDATE`) for the whole
@@ -1175,7 +1364,7 @@ async fn run_fenced(
         let held = bounded(
             stats,
             "fenced transaction",
-            transaction.query_opt(&leads, &[&election, &position]),
+            transaction.query_typed_opt(&leads, &[p(&election), p(&position)]),
         )
         .await?;
         if held.is_none() {
@@ -1191,7 +1380,7 @@ async fn run_fenced(
             let row = bounded(
                 stats,
                 "fenced transaction",
-                transaction.query_opt(&get, &[key]),
+                transaction.query_typed_opt(&get, &[p(key)]),
             )
             .await?;
             let found: Option<Vec<u8>> = row.map(|row| row.get(0));
@@ -1211,7 +1400,7 @@ async fn run_fenced(
                     bounded(
                         stats,
                         "fenced transaction",
-                        transaction.execute(&put, &[key, value]),
+                        transaction.execute_typed(&put, &[p(key), p(value)]),
                     )
                     .await?;
                 }
@@ -1219,7 +1408,7 @@ async fn run_fenced(
                     bounded(
                         stats,
                         "fenced transaction",
-                        transaction.execute(&delete, &[key]),
+                        transaction.execute_typed(&delete, &[p(key)]),
                     )
                     .await?;
                 }
@@ -1227,7 +1416,7 @@ async fn run_fenced(
                     let row = bounded(
                         stats,
                         "fenced transaction",
-                        transaction.query_opt(&get, &[key]),
+                        transaction.query_typed_opt(&get, &[p(key)]),
                     )
                     .await?;
                     values.push(row.map(|row| row.get(0)));
@@ -1288,7 +1477,7 @@ impl Connection for PgBackend {
             let rows = bounded(
                 &self.stats,
                 "get candidates",
-                client.query(&sql, &[&election]),
+                client.query_typed(&sql, &[p(&election)]),
             )
             .await?;
             Ok(rows

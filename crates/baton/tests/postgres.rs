@@ -22,21 +22,37 @@ async fn raw(url: &str) -> tokio_postgres::Client {
     client
 }
 
-struct PostgresUnderTest;
+/// PgBouncer in transaction mode in front of the same PostgreSQL (`BATON_TEST_PGBOUNCER`).
+fn pgbouncer() -> String {
+    std::env::var("BATON_TEST_PGBOUNCER").expect(
+        "BATON_TEST_PGBOUNCER is not set: run the tests with scripts/test, which starts \
+         PgBouncer in front of its private PostgreSQL",
+    )
+}
+
+/// baton at `url` (PostgreSQL itself, or a pooler in front of it) in `schema`; what the suite
+/// does behind baton's back goes to PostgreSQL directly.
+struct PostgresUnderTest {
+    url: fn() -> String,
+    schema: &'static str,
+}
 
 impl conformance::BackendUnderTest for PostgresUnderTest {
     type Rewindable = RewindablePostgres;
 
     fn url(&self) -> String {
-        format!("{}?schema=baton_test", server())
+        format!("{}?schema={}", (self.url)(), self.schema)
     }
 
     async fn delete_leader_entry(&self, election: &str) {
         let client = raw(&server()).await;
         let deleted = client
             .execute(
-                "DELETE FROM baton_test.entries WHERE election = $1 AND position = \
-                 (SELECT min(position) FROM baton_test.entries WHERE election = $1)",
+                &format!(
+                    "DELETE FROM {s}.entries WHERE election = $1 AND position = \
+                     (SELECT min(position) FROM {s}.entries WHERE election = $1)",
+                    s = self.schema
+                ),
                 &[&election],
             )
             .await
@@ -50,7 +66,10 @@ impl conformance::BackendUnderTest for PostgresUnderTest {
         // highest one deleted.
         let rows = client
             .query(
-                "DELETE FROM baton_test.entries WHERE election = $1 RETURNING position",
+                &format!(
+                    "DELETE FROM {}.entries WHERE election = $1 RETURNING position",
+                    self.schema
+                ),
                 &[&election],
             )
             .await
@@ -64,8 +83,8 @@ impl conformance::BackendUnderTest for PostgresUnderTest {
 
     async fn rewindable(&self) -> RewindablePostgres {
         // A schema of its own, with some history behind it.
-        let schema = format!("rewind_{}", std::process::id());
-        let url = format!("{}?schema={schema}", server());
+        let schema = format!("rewind_{}_{}", self.schema, std::process::id());
+        let url = format!("{}?schema={schema}", (self.url)());
         let backend = baton::Backend::connect(&url).await.unwrap();
         backend.close().await;
         // Positions are per election: elections of this schema start at epoch 100, so that
@@ -104,7 +123,21 @@ impl conformance::Rewindable for RewindablePostgres {
     }
 }
 
-conformance_suite!(PostgresUnderTest);
+conformance_suite!(PostgresUnderTest {
+    url: server,
+    schema: "baton_test",
+});
+
+/// The same suite behind PgBouncer in transaction mode: every statement may run on a different
+/// server connection, so notifications do not arrive and waiters poll instead.
+mod through_pgbouncer {
+    use super::*;
+
+    conformance_suite!(PostgresUnderTest {
+        url: pgbouncer,
+        schema: "baton_test_pgbouncer",
+    });
+}
 
 /// Fencing inside the caller's own transaction: `SELECT <schema>.fence(resource, token)`
 /// records the token for the resource; a stale token raises an error, so nothing of that
