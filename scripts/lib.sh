@@ -129,7 +129,8 @@ PG_BIN=/usr/lib/postgresql/15/bin
 
 # start_postgres PORT: a private PostgreSQL cluster on 127.0.0.1:PORT in a fresh directory, run
 # as user postgres (its socket in that directory too), with pg_stat_statements loaded; a role
-# and a database `baton` (password `baton`, scram-sha-256 over TCP). Sets PG_DIR.
+# and a database `baton` (password `baton`, scram-sha-256 over TCP). Sets PG_DIR (the newest)
+# and adds it to PG_DIRS; stop_postgres stops every one.
 start_postgres() {
   local port=$1
   if port_in_use "$port"; then
@@ -137,6 +138,7 @@ start_postgres() {
     exit 1
   fi
   PG_DIR=$(mktemp -d /tmp/baton-pg.XXXXXX)
+  PG_DIRS="${PG_DIRS:-} $PG_DIR"
   chown postgres:postgres "$PG_DIR"
   log "starting PostgreSQL on 127.0.0.1:$port (data in $PG_DIR)"
   runuser -u postgres -- "$PG_BIN/initdb" -D "$PG_DIR/data" -U postgres --auth-local=trust \
@@ -159,11 +161,13 @@ CONF
 }
 
 stop_postgres() {
-  if [ -n "${PG_DIR:-}" ]; then
-    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true
-    rm -rf "$PG_DIR"
-    PG_DIR=""
-  fi
+  local dir
+  for dir in ${PG_DIRS:-}; do
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
+    rm -rf "$dir"
+  done
+  PG_DIRS=""
+  PG_DIR=""
 }
 
 # start_pgbouncer PORT PG_PORT: starts PgBouncer (transaction pooling, the mode that breaks

@@ -364,10 +364,15 @@ pub fn fence_sql(schema: &str) -> String {
 
 impl PgBackend {
     pub(crate) async fn connect(url: &str, schema: String) -> Result<PgBackend> {
-        let config: tokio_postgres::Config = url.parse().map_err(|error| Error::InvalidUrl {
-            url: crate::url::redact(url),
-            reason: one_line(&error),
-        })?;
+        let mut config: tokio_postgres::Config =
+            url.parse().map_err(|error| Error::InvalidUrl {
+                url: crate::url::redact(url),
+                reason: one_line(&error),
+            })?;
+        // Named, so that an operator can tell baton's connections apart (pg_stat_activity).
+        if config.get_application_name().is_none() {
+            config.application_name("baton");
+        }
         let label = config
             .get_hosts()
             .iter()

@@ -1,0 +1,173 @@
+//! Faults only PostgreSQL has, against real processes: baton's connections terminated by an
+//! operator (`pg_terminate_backend`), and the database restarted while a leader holds. Built
+//! with the `postgres` feature; `scripts/test` starts the servers.
+#![cfg(feature = "postgres")]
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+/// The schema of these tests.
+const SCHEMA: &str = "baton_cli_pg";
+
+fn url_at(addr: &str) -> String {
+    format!("postgres://baton:baton@{addr}/baton?schema={SCHEMA}")
+}
+
+/// The PostgreSQL these tests may stop and start: `BATON_TEST_PG_RESTART_ADDR`, its data
+/// directory `BATON_TEST_PG_RESTART_DATA`.
+fn restartable() -> (String, String) {
+    let need = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!(
+                "{name} is not set: run the tests with scripts/test, which starts a second \
+                 private PostgreSQL for the restart test"
+            )
+        })
+    };
+    (
+        need("BATON_TEST_PG_RESTART_ADDR"),
+        need("BATON_TEST_PG_RESTART_DATA"),
+    )
+}
+
+/// Runs one statement on a raw connection to `addr` as user baton; its rows' first columns.
+fn sql(addr: &str, statement: &str) -> Vec<String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let url = format!("postgres://baton:baton@{addr}/baton?application_name=baton-test");
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let rows = client.simple_query(statement).await.unwrap();
+        rows.iter()
+            .filter_map(|message| match message {
+                tokio_postgres::SimpleQueryMessage::Row(row) => {
+                    Some(row.get(0).unwrap_or("").to_string())
+                }
+                _ => None,
+            })
+            .collect()
+    })
+}
+
+/// `pg_ctl` on the restartable cluster, as user postgres.
+fn pg_ctl(data: &str, action: &str) {
+    let bin = "/usr/lib/postgresql/15/bin/pg_ctl";
+    let log = format!("{data}/../postgres.log");
+    let mut command = std::process::Command::new("runuser");
+    command.args(["-u", "postgres", "--", bin, "-D", data, "-w"]);
+    match action {
+        "stop" => command.args(["-m", "fast", "stop"]),
+        _ => command.args(["-l", &log, "start"]),
+    };
+    let status = command.status().unwrap();
+    assert!(status.success(), "pg_ctl {action}: {status}");
+}
+
+/// An operator terminating every connection baton has, again and again, changes no
+/// leadership: renewals reconnect before the deadline, the notification connection comes back,
+/// the waiter never starts while the leader runs, and a later handoff is as prompt as ever.
+#[test]
+fn terminated_connections_change_no_leader() {
+    let addr = postgres();
+    let dir = scratch("pg-terminate");
+    let election = unique("terminate");
+    let leader = Runner::start(&url_at(&addr), &election, "2s", &dir, "l");
+    let token = leader.wait_running(Duration::from_secs(5));
+    let waiter = Runner::start(&url_at(&addr), &election, "2s", &dir, "w");
+    std::thread::sleep(Duration::from_millis(500));
+    let mut terminated = 0;
+    for _ in 0..6 {
+        let ended = sql(
+            &addr,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'baton' AND pid <> pg_backend_pid()",
+        );
+        terminated += ended.len();
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            waiter.token().is_none(),
+            "the waiter started while the leader held"
+        );
+        assert!(
+            leader.child_pid().is_some_and(alive),
+            "the leader lost its term: {}",
+            leader.stderr()
+        );
+    }
+    assert!(
+        terminated >= 12,
+        "only {terminated} connections were terminated"
+    );
+    assert_eq!(leader.token(), Some(token));
+    // Handing over still works at once.
+    let sent = Instant::now();
+    signal(leader.child.id() as i32, libc::SIGTERM);
+    let next = waiter.wait_running(Duration::from_secs(5));
+    assert!(next > token);
+    assert!(
+        sent.elapsed() < Duration::from_secs(2),
+        "handoff took {:?}",
+        sent.elapsed()
+    );
+}
+
+/// PostgreSQL stopped while a leader holds: renewals fail, so the leader's command is killed
+/// at its local deadline (within the TTL) and its `baton run` says so; the waiter does not
+/// start meanwhile. Once the database is back, the election resumes with a larger token.
+#[test]
+fn restarted_database_loses_the_lease_at_the_deadline_and_the_election_resumes() {
+    let (addr, data) = restartable();
+    let dir = scratch("pg-restart");
+    let election = unique("restart");
+    let leader = Runner::start(&url_at(&addr), &election, "2s", &dir, "l");
+    let token = leader.wait_running(Duration::from_secs(5));
+    let pid = leader.child_pid().unwrap();
+    let mut waiter = Runner::start_with(
+        &url_at(&addr),
+        &election,
+        &["--ttl", "2s", "--requeue"],
+        &dir,
+        "w",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let stopped = Instant::now();
+    pg_ctl(&data, "stop");
+    let dead = wait_for(
+        "the leader's command killed",
+        Duration::from_secs(5),
+        || (!alive(pid)).then(Instant::now),
+    );
+    let held = dead - stopped;
+    assert!(
+        held < Duration::from_millis(2_300),
+        "the command ran {held:?} after the database stopped (TTL 2s)"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        waiter.token().is_none(),
+        "the waiter started without a database"
+    );
+    pg_ctl(&data, "start");
+    let next = waiter.wait_running(Duration::from_secs(15));
+    assert!(next > token, "token {next} after {token}");
+    let status = wait_for("the old leader exits", Duration::from_secs(10), || {
+        leader_status(&leader)
+    });
+    assert_eq!(status, Some(3), "{}", leader.stderr());
+    let _ = waiter.child.kill();
+}
+
+fn leader_status(runner: &Runner) -> Option<Option<i32>> {
+    // SAFETY: waitpid on our own child, non-blocking.
+    let mut status = 0;
+    let pid = runner.child.id() as i32;
+    let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    (done == pid).then(|| libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)))
+}
