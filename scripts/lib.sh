@@ -11,12 +11,13 @@ install_packages() {
   [ -d /usr/include/google/protobuf ] || missing+=(libprotobuf-dev)
   [ -d /usr/share/zookeeper ] || missing+=(zookeeper)
   command -v pgbouncer >/dev/null || missing+=(pgbouncer)
+  command -v openssl >/dev/null || missing+=(openssl)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]} (Debian packages)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq etcd-server etcd-client zookeeper pgbouncer protobuf-compiler \
-      libprotobuf-dev >/dev/null
+      libprotobuf-dev openssl >/dev/null
   fi
 }
 
@@ -127,12 +128,13 @@ stop_zookeeper() {
 # The machine's PostgreSQL 15 (Debian's postgresql-15; its own cluster stays stopped).
 PG_BIN=/usr/lib/postgresql/15/bin
 
-# start_postgres PORT: a private PostgreSQL cluster on 127.0.0.1:PORT in a fresh directory, run
+# start_postgres PORT [tls]: a private PostgreSQL cluster on 127.0.0.1:PORT in a fresh directory, run
 # as user postgres (its socket in that directory too), with pg_stat_statements loaded; a role
 # and a database `baton` (password `baton`, scram-sha-256 over TCP). Sets PG_DIR (the newest)
-# and adds it to PG_DIRS; stop_postgres stops every one.
+# and adds it to PG_DIRS; stop_postgres stops every one. With `tls`, it offers TLS with a
+# certificate from a CA of its own ($PG_DIR/ca.pem).
 start_postgres() {
-  local port=$1
+  local port=$1 tls=${2:-}
   if port_in_use "$port"; then
     log "port $port on 127.0.0.1 is already in use; choose a free port (see the top of $0)"
     exit 1
@@ -151,6 +153,29 @@ unix_socket_directories = '$PG_DIR'
 shared_preload_libraries = 'pg_stat_statements'
 max_connections = 1000
 CONF
+  if [ "$tls" = tls ]; then
+    # A CA of its own and a server certificate for 127.0.0.1 and localhost (TLS is offered,
+    # not required: host lines accept both). other-ca.pem is an unrelated CA, for the tests
+    # of a certificate that does not check out.
+    (
+      cd "$PG_DIR"
+      openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=baton test CA" \
+        -keyout ca.key -out ca.pem
+      openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=other CA" \
+        -keyout other-ca.key -out other-ca.pem
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server.key -out server.csr
+      printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >san.ext
+      openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+        -extfile san.ext -out server.pem
+      chown postgres:postgres server.key server.pem
+      chmod 600 server.key
+    ) >"$PG_DIR/openssl.log" 2>&1 || { log "making certificates failed:"; cat "$PG_DIR/openssl.log" >&2; exit 1; }
+    cat >>"$PG_DIR/data/postgresql.conf" <<CONF
+ssl = on
+ssl_cert_file = '$PG_DIR/server.pem'
+ssl_key_file = '$PG_DIR/server.key'
+CONF
+  fi
   runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w start \
     >/dev/null || { log "PostgreSQL failed to start:"; cat "$PG_DIR/postgres.log" >&2; exit 1; }
   runuser -u postgres -- psql -h "$PG_DIR" -p "$port" -q -v ON_ERROR_STOP=1 -d postgres \

@@ -204,3 +204,89 @@ async fn fencing_inside_the_callers_own_transaction() {
         .unwrap();
     second.resign().await;
 }
+
+/// A file named by the environment `scripts/test` sets up.
+fn test_file(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with scripts/test, which makes the certificates")
+    })
+}
+
+/// TLS when asked for: `sslmode=require` encrypts every connection baton opens (the server's
+/// `pg_stat_ssl` says so); `verify-full` with the server's CA connects by address and by name.
+/// A certificate from another CA, and a server offering no TLS under `require`, are refused
+/// with one line and are not retryable (not an outage to wait out).
+#[tokio::test]
+async fn tls_when_asked_for() {
+    let ca = test_file("BATON_TEST_PG_CA");
+    let other_ca = test_file("BATON_TEST_PG_OTHER_CA");
+    let by_name = server().replace("127.0.0.1", "localhost");
+    let cases = [
+        (server(), "sslmode=require".to_string(), "baton-tls-require"),
+        (
+            server(),
+            format!("sslmode=verify-full&sslrootcert={ca}"),
+            "baton-tls-full-ip",
+        ),
+        (
+            by_name.clone(),
+            format!("sslmode=verify-full&sslrootcert={ca}"),
+            "baton-tls-full-name",
+        ),
+        (
+            server(),
+            format!("sslmode=verify-ca&sslrootcert={ca}"),
+            "baton-tls-ca",
+        ),
+    ];
+    let observer = raw(&server()).await;
+    for (base, tls, app) in cases {
+        let url = format!("{base}?schema=baton_test&{tls}&application_name={app}");
+        let backend = baton::Backend::connect(&url)
+            .await
+            .unwrap_or_else(|error| panic!("{tls}: {error}"));
+        let election =
+            baton::Election::new(&backend, &conformance::unique("tls"), conformance::config())
+                .unwrap();
+        let leadership = election.campaign("a").await.unwrap();
+        let row = observer
+            .query_one(
+                "SELECT count(*), bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a \
+                 USING (pid) WHERE a.application_name = $1",
+                &[&app],
+            )
+            .await
+            .unwrap();
+        let (connections, all_tls): (i64, Option<bool>) = (row.get(0), row.get(1));
+        assert!(connections >= 3, "{tls}: {connections} connections");
+        assert_eq!(all_tls, Some(true), "{tls}: a connection without TLS");
+        leadership.resign().await;
+        backend.close().await;
+    }
+    let refused = [
+        (
+            server(),
+            format!("sslmode=verify-full&sslrootcert={other_ca}"),
+        ),
+        (
+            server(),
+            format!("sslmode=verify-ca&sslrootcert={other_ca}"),
+        ),
+        // PgBouncer here offers no TLS.
+        (pgbouncer(), "sslmode=require".to_string()),
+    ];
+    for (base, tls) in refused {
+        let url = format!("{base}?schema=baton_test&{tls}");
+        let error = baton::Backend::connect(&url)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{tls} connected"));
+        let message = error.to_string();
+        assert!(!error.is_retryable(), "{tls}: retryable: {message}");
+        assert!(message.contains("TLS"), "{tls}: {message}");
+        assert!(
+            !message.contains('\n') && !message.contains("baton:baton"),
+            "{message}"
+        );
+    }
+}

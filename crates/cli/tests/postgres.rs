@@ -171,3 +171,41 @@ fn leader_status(runner: &Runner) -> Option<Option<i32>> {
     let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
     (done == pid).then(|| libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)))
 }
+
+/// libpq's environment fills in what the URL leaves out (here, everything): the same
+/// variables psql reads. A wrong password from it is one line and exit 2.
+#[test]
+fn libpq_environment_fills_in_the_url() {
+    let addr = postgres();
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let leader = |password: &str| {
+        baton()
+            .args([
+                "leader",
+                "--backend",
+                &format!("postgres://?schema={SCHEMA}"),
+            ])
+            .args(["--election", "env-check"])
+            .env("PGHOST", host)
+            .env("PGPORT", port)
+            .env("PGUSER", "baton")
+            .env("PGPASSWORD", password)
+            .env("PGDATABASE", "baton")
+            .env("PGSSLMODE", "require")
+            .output()
+            .unwrap()
+    };
+    let good = leader("baton");
+    assert_eq!(
+        good.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+    assert!(String::from_utf8_lossy(&good.stdout).contains("\"leader\":null"));
+    let bad = leader("wrong");
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("password"), "{stderr}");
+}

@@ -38,6 +38,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls};
 
+mod connect;
+
+use connect::Connector;
+
 use crate::backend::{BoxFuture, Connection, Fencer};
 use crate::clock::Clock;
 use crate::driver::{
@@ -175,33 +179,84 @@ async fn bounded<T>(
 }
 
 /// Opens one connection and spawns its driver; notifications, if any, go to `notices`.
-async fn open(
-    config: &tokio_postgres::Config,
-    label: &str,
-    notices: Option<mpsc::UnboundedSender<String>>,
-) -> Result<Client> {
-    let unreachable = |detail: String| Error::Unreachable {
-        backend: BACKEND,
-        endpoints: label.to_string(),
-        detail,
+async fn open(target: &Target, notices: Option<mpsc::UnboundedSender<String>>) -> Result<Client> {
+    let connected = match &target.connector {
+        Connector::Plain => connect_with(&target.config, NoTls, notices).await,
+        Connector::Tls(tls) => connect_with(&target.config, tls.clone(), notices).await,
     };
-    let (client, mut connection) =
-        match tokio::time::timeout(REQUEST_TIMEOUT, config.connect(NoTls)).await {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(error)) => {
-                if let Some(db) = error.as_db_error() {
-                    // Refused by the server (password, database, role): bad input, not an outage.
-                    return Err(Error::Backend {
-                        backend: BACKEND,
-                        operation: "connect",
-                        detail: format!("{} ({})", db.message(), db.code().code()),
-                        retryable: false,
-                        source: Some(Box::new(error)),
-                    });
-                }
-                return Err(unreachable(one_line(&error)));
+    let error = match connected {
+        Ok(client) => return Ok(client),
+        Err(Some(error)) => error,
+        Err(None) => {
+            return Err(Error::Unreachable {
+                backend: BACKEND,
+                endpoints: target.label.clone(),
+                detail: "no answer within 5s".into(),
+            })
+        }
+    };
+    let refused = |detail: String, error: tokio_postgres::Error| Error::Backend {
+        backend: BACKEND,
+        operation: "connect",
+        detail,
+        retryable: false,
+        source: Some(Box::new(error)),
+    };
+    if let Some(db) = error.as_db_error() {
+        // Refused by the server (password, database, role): bad input, not an outage.
+        let detail = format!("{} ({})", db.message(), db.code().code());
+        return Err(refused(detail, error));
+    }
+    // TLS that cannot be had (a certificate that does not check out, a server without TLS
+    // under sslmode=require) is a setting to fix, not an outage to wait out.
+    let message = error.to_string();
+    if message.contains("TLS") || is_rustls(&error) {
+        let detail = format!("TLS: {}", one_line(&error));
+        return Err(refused(detail, error));
+    }
+    Err(Error::Unreachable {
+        backend: BACKEND,
+        endpoints: target.label.clone(),
+        detail: one_line(&error),
+    })
+}
+
+/// Whether a rustls error is behind `error`.
+fn is_rustls(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if error.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
+                return true;
             }
-            Err(_) => return Err(unreachable("no answer within 5s".into())),
+        }
+        current = error.source();
+    }
+    false
+}
+
+/// Connects with `tls` and spawns the connection's driver; notifications, if any, go to
+/// `notices`. `Err(None)`: no answer within [`REQUEST_TIMEOUT`].
+async fn connect_with<T>(
+    config: &tokio_postgres::Config,
+    tls: T,
+    notices: Option<mpsc::UnboundedSender<String>>,
+) -> std::result::Result<Client, Option<tokio_postgres::Error>>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, mut connection) =
+        match tokio::time::timeout(REQUEST_TIMEOUT, config.connect(tls)).await {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(error)) => return Err(Some(error)),
+            Err(_) => return Err(None),
         };
     tokio::spawn(async move {
         loop {
@@ -220,11 +275,19 @@ async fn open(
     Ok(client)
 }
 
+/// Where connections go, and how.
+#[derive(Clone)]
+struct Target {
+    config: tokio_postgres::Config,
+    connector: Connector,
+    /// `host:port,...`, for messages.
+    label: String,
+}
+
 /// A few connections, each used by one task at a time (a transaction needs its connection to
 /// itself); a broken one is replaced on its next use.
 struct Pool {
-    config: tokio_postgres::Config,
-    label: String,
+    target: Target,
     slots: Vec<tokio::sync::Mutex<Option<Client>>>,
     next: AtomicUsize,
 }
@@ -245,7 +308,7 @@ impl Pool {
             None => self.slots[start % self.slots.len()].lock().await,
         };
         if slot.as_ref().is_none_or(Client::is_closed) {
-            *slot = Some(open(&self.config, &self.label, None).await?);
+            *slot = Some(open(&self.target, None).await?);
         }
         Ok(tokio::sync::MutexGuard::map(slot, |client| {
             client.as_mut().expect("connected above")
@@ -292,7 +355,7 @@ pub(crate) struct PgBackend {
 impl std::fmt::Debug for PgBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgBackend")
-            .field("at", &self.pool.label)
+            .field("at", &self.pool.target.label)
             .field("schema", &self.schema)
             .finish_non_exhaustive()
     }
@@ -364,30 +427,16 @@ pub fn fence_sql(schema: &str) -> String {
 
 impl PgBackend {
     pub(crate) async fn connect(url: &str, schema: String) -> Result<PgBackend> {
-        let mut config: tokio_postgres::Config =
-            url.parse().map_err(|error| Error::InvalidUrl {
-                url: crate::url::redact(url),
-                reason: one_line(&error),
-            })?;
-        // Named, so that an operator can tell baton's connections apart (pg_stat_activity).
-        if config.get_application_name().is_none() {
-            config.application_name("baton");
-        }
-        let label = config
-            .get_hosts()
-            .iter()
-            .zip(config.get_ports().iter().chain(std::iter::repeat(&5432)))
-            .map(|(host, port)| match host {
-                tokio_postgres::config::Host::Tcp(host) => format!("{host}:{port}"),
-                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join(",");
+        let (config, connector) = connect::configure(url, &|name| std::env::var(name).ok())?;
+        let label = connect::label(&config);
         let channel = format!("baton_{schema}");
         let stats = Arc::new(Stats::default());
         let pool = Arc::new(Pool {
-            config,
-            label,
+            target: Target {
+                config,
+                connector,
+                label,
+            },
             slots: (0..POOL).map(|_| tokio::sync::Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
         });
@@ -575,7 +624,7 @@ async fn subscribe(
 ) -> Result<Option<(Client, mpsc::UnboundedReceiver<String>)>> {
     static PROBES: AtomicUsize = AtomicUsize::new(0);
     let (tx, mut notes) = mpsc::unbounded_channel();
-    let client = open(&pool.config, &pool.label, Some(tx)).await?;
+    let client = open(&pool.target, Some(tx)).await?;
     bounded(
         stats,
         "listen",
@@ -760,8 +809,7 @@ impl LeaseTransport for PgLeaseTransport {
 /// Runs renewals of session `id` one at a time, answering each with the TTL the row now has
 /// (zero when the session is gone or expired).
 async fn renew_worker(
-    config: tokio_postgres::Config,
-    label: String,
+    target: Target,
     schema: String,
     stats: Arc<Stats>,
     id: oneshot::Receiver<i64>,
@@ -770,7 +818,7 @@ async fn renew_worker(
 ) {
     // Connected before the first renewal is due: connecting (with its password exchange) must
     // not eat into the first renewal interval.
-    let mut client: Option<Client> = open(&config, &label, None).await.ok();
+    let mut client: Option<Client> = open(&target, None).await.ok();
     let Ok(id) = id.await else { return };
     let sql = format!(
         "UPDATE {schema}.sessions SET expires_at = clock_timestamp() + ttl \
@@ -780,7 +828,7 @@ async fn renew_worker(
     while sends.recv().await.is_some() {
         let answer = async {
             if client.as_ref().is_none_or(Client::is_closed) {
-                client = Some(open(&config, &label, None).await?);
+                client = Some(open(&target, None).await?);
             }
             let client = client.as_ref().expect("connected above");
             let row = bounded(
@@ -877,8 +925,7 @@ impl Queue for PgBackend {
                 let (sends_tx, sends_rx) = mpsc::unbounded_channel();
                 let (answers_tx, answers_rx) = mpsc::unbounded_channel();
                 tokio::spawn(renew_worker(
-                    self.pool.config.clone(),
-                    self.pool.label.clone(),
+                    self.pool.target.clone(),
                     self.schema.clone(),
                     self.stats.clone(),
                     worker_id_rx,
