@@ -290,3 +290,84 @@ async fn tls_when_asked_for() {
         );
     }
 }
+
+/// The statements PostgreSQL ran for baton in `schema`, renewals aside (pg_stat_statements).
+async fn statements_in(client: &tokio_postgres::Client, schema: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
+             WHERE query LIKE '%' || $1 || '.%' AND query NOT LIKE '%SET expires_at%'",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// One release with 50 and with 1,000 waiters (on 20 connections) costs the same few
+/// statements, counted by the server (pg_stat_statements), and wakes one waiter: the
+/// notification goes to the one waiter watching the released entry, nobody else reads.
+#[tokio::test]
+async fn one_release_costs_the_same_few_statements_at_50_and_1000_waiters() {
+    let schema = "baton_herd";
+    let url = format!("{}?schema={schema}", server());
+    // A long TTL: no session comes due (and no watcher looks) while we count.
+    let config = baton::ElectionConfig::default().with_ttl(std::time::Duration::from_secs(60));
+    let counter = raw(&server()).await;
+    let mut costs = Vec::new();
+    for waiters in [50, 1000] {
+        let name = conformance::unique("herd-statements");
+        let leader_backend = baton::Backend::connect(&url).await.unwrap();
+        let leader = baton::Election::new(&leader_backend, &name, config.clone())
+            .unwrap()
+            .campaign("leader")
+            .await
+            .unwrap();
+        let mut backends = Vec::new();
+        for _ in 0..20 {
+            backends.push(baton::Backend::connect(&url).await.unwrap());
+        }
+        let mut candidacies = Vec::new();
+        for i in 0..waiters {
+            let election = baton::Election::new(&backends[i % 20], &name, config.clone()).unwrap();
+            candidacies.push(election.candidacy(&format!("w{i}")).unwrap());
+        }
+        let observer = baton::Election::new(&leader_backend, &name, config.clone()).unwrap();
+        while observer.participants().await.unwrap().len() < waiters + 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let next: usize = observer.participants().await.unwrap()[1]
+            .id
+            .trim_start_matches('w')
+            .parse()
+            .unwrap();
+        let woken_before: u64 = backends.iter().map(|b| b.stats().wakeups).sum();
+        let before = statements_in(&counter, schema).await;
+        leader.resign().await;
+        let first =
+            tokio::time::timeout(std::time::Duration::from_secs(5), candidacies[next].next())
+                .await
+                .expect("the next waiter leads")
+                .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let cost = statements_in(&counter, schema).await - before;
+        let woken: u64 = backends.iter().map(|b| b.stats().wakeups).sum::<u64>() - woken_before;
+        assert_eq!(woken, 1, "{waiters} waiters: one release, one waiter woken");
+        eprintln!("{waiters} waiters: {cost} statements for one release");
+        costs.push(cost);
+        first.resign().await;
+        for candidacy in candidacies {
+            candidacy.resign().await;
+        }
+        for backend in backends {
+            backend.close().await;
+        }
+        leader_backend.close().await;
+    }
+    assert!(
+        costs.iter().all(|&cost| (1..=8).contains(&cost)),
+        "statements per release: {costs:?}"
+    );
+    assert!(costs[1] <= costs[0] + 2, "grows with waiters: {costs:?}");
+}
