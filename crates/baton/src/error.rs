@@ -115,6 +115,15 @@ pub enum Error {
         /// The stale token.
         token: u64,
     },
+    /// A resource fenced inside the caller's own database transaction has already seen a
+    /// newer token: nothing of that transaction may commit (PostgreSQL's `fence`).
+    #[error("stale fencing token {token} for {resource:?}: a newer token has been used there")]
+    StaleToken {
+        /// The resource.
+        resource: String,
+        /// The stale token.
+        token: u64,
+    },
     /// The backend was closed ([`crate::Backend::close`]), or the background task serving
     /// this object has stopped.
     #[error("the backend was closed (or the election's driver has stopped)")]

@@ -201,24 +201,34 @@ fn parse_postgres(url: &str) -> Result<BackendUrl> {
             _ => kept.push(pair),
         }
     }
-    let identifier = !schema.is_empty()
-        && schema.len() <= 40
-        && schema
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && !schema.starts_with(|c: char| c.is_ascii_digit());
-    if !identifier {
-        return Err(invalid(
-            "schema must be lower-case letters, digits and '_' (at most 40, not starting with a \
-             digit)",
-        ));
-    }
+    check_schema(&schema).map_err(|reason| invalid(&reason))?;
     let url = if kept.is_empty() {
         base.to_string()
     } else {
         format!("{base}?{}", kept.join("&"))
     };
     Ok(BackendUrl::Postgres { url, schema })
+}
+
+/// A PostgreSQL schema name baton accepts: lower-case letters, digits and `_`, at most 40
+/// characters, not starting with a digit (so it never needs quoting in SQL).
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn check_schema(schema: &str) -> std::result::Result<(), String> {
+    let identifier = !schema.is_empty()
+        && schema.len() <= 40
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !schema.starts_with(|c: char| c.is_ascii_digit());
+    if identifier {
+        Ok(())
+    } else {
+        Err(
+            "schema must be lower-case letters, digits and '_' (at most 40, not starting with a \
+             digit)"
+                .into(),
+        )
+    }
 }
 
 /// `url` with any password replaced by `***`, for messages.

@@ -167,10 +167,9 @@ async fn fencing_inside_the_callers_own_transaction() {
         .unwrap();
     let fence = baton::postgres::fence_sql("baton_test");
     let resource = conformance::unique("resource");
-    // The new leader's write commits.
+    // The new leader's write commits (the library call).
     let transaction = client.transaction().await.unwrap();
-    transaction
-        .execute(&fence, &[&resource, &new_token])
+    baton::postgres::fence(&transaction, "baton_test", &resource, new_token as u64)
         .await
         .unwrap();
     transaction
@@ -185,12 +184,29 @@ async fn fencing_inside_the_callers_own_transaction() {
         .await
         .unwrap();
     let refused = transaction.execute(&fence, &[&resource, &old_token]).await;
-    let message = refused.unwrap_err().to_string();
+    let refused = refused.unwrap_err();
+    let message = refused.to_string();
     assert!(
         message.contains("db error") || message.contains("stale"),
         "{message}"
     );
+    assert_eq!(
+        refused.code().map(|code| code.code()),
+        Some(baton::postgres::STALE_TOKEN_SQLSTATE)
+    );
     // PostgreSQL answers COMMIT of a failed transaction by rolling it back.
+    let _ = transaction.commit().await;
+    // The library call says so as a typed error, and nothing of that transaction commits
+    // either.
+    let transaction = client.transaction().await.unwrap();
+    transaction
+        .execute(&format!("INSERT INTO {table} VALUES ('a2')"), &[])
+        .await
+        .unwrap();
+    match baton::postgres::fence(&transaction, "baton_test", &resource, old_token as u64).await {
+        Err(baton::Error::StaleToken { token, .. }) => assert_eq!(token, old_token as u64),
+        other => panic!("expected a stale token, got {other:?}"),
+    }
     let _ = transaction.commit().await;
     let rows = client
         .query(&format!("SELECT who FROM {table}"), &[])

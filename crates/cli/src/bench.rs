@@ -74,9 +74,12 @@ struct ProcessArgs {
 struct HerdArgs {
     #[command(flatten)]
     common: Common,
-    /// Waiting candidates, each with its own connection and lease.
+    /// Waiting candidates.
     #[arg(long, default_value_t = 50)]
     waiters: usize,
+    /// Connections (each with its lease) the waiters are spread over; default: one each.
+    #[arg(long)]
+    connections: Option<usize>,
     /// Handoffs to measure.
     #[arg(long, default_value_t = 10)]
     rounds: usize,
@@ -463,16 +466,21 @@ async fn herd(args: HerdArgs) -> anyhow::Result<()> {
         .campaign("leader")
         .await?;
     backends.push(first);
+    let connections = args
+        .connections
+        .unwrap_or(args.waiters)
+        .clamp(1, args.waiters);
+    for _ in 0..connections {
+        backends.push(crate::connect(&args.common.backend).await?);
+    }
     for i in 0..args.waiters {
-        let backend = crate::connect(&args.common.backend).await?;
-        let election = Election::new(&backend, &name, config.clone())?;
+        let election = Election::new(&backends[1 + i % connections], &name, config.clone())?;
         let tx = tx.clone();
         tokio::spawn(async move {
             if let Ok(leadership) = election.campaign(&format!("w{i}")).await {
                 let _ = tx.send(leadership).await;
             }
         });
-        backends.push(backend);
     }
     let totals = |backends: &[Backend]| {
         backends
@@ -516,7 +524,8 @@ async fn herd(args: HerdArgs) -> anyhow::Result<()> {
     }
     let rounds = args.rounds as f64;
     println!(
-        "herd ({} waiters): per handoff {:.1} requests, {:.1} watch events, {:.1} waiters woken",
+        "herd ({} waiters on {connections} connections): per handoff {:.1} requests, {:.1} watch \
+         events, {:.1} waiters woken",
         args.waiters,
         requests as f64 / rounds,
         events as f64 / rounds,

@@ -158,13 +158,21 @@ fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
     deepest
 }
 
-/// Runs `call` within `limit`, counting it and mapping its failure.
+/// Runs `call` within [`REQUEST_TIMEOUT`], counting it as a request and mapping its failure.
 async fn bounded<T>(
     stats: &Stats,
     operation: &'static str,
     call: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
 ) -> Result<T> {
     stats.request();
+    uncounted(operation, call).await
+}
+
+/// [`bounded`] without counting a request (renewals are counted as renewals).
+async fn uncounted<T>(
+    operation: &'static str,
+    call: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> Result<T> {
     match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(pg_error(operation, error)),
@@ -412,17 +420,72 @@ BEGIN
     WHERE f.token <= EXCLUDED.token;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'baton: stale fencing token % for %', token, resource
-            USING ERRCODE = '40001';
+            USING ERRCODE = 'BT001';
     END IF;
 END $$;
 "#
     )
 }
 
+/// tokio-postgres, as baton uses it: [`fence`] takes its clients and transactions.
+pub use tokio_postgres;
+
+/// The SQLSTATE of a stale token refused by `<schema>.fence` (a class of baton's own, so that
+/// no framework takes it for a serialization failure worth retrying).
+pub const STALE_TOKEN_SQLSTATE: &str = "BT001";
+
 /// The SQL a script runs inside its own transaction to fence `resource` with its token (from
-/// `BATON_TOKEN`): a stale token raises an error, so nothing of the transaction commits.
+/// `BATON_TOKEN`), as parameters `$1` (text) and `$2` (bigint): a stale token raises an error
+/// (SQLSTATE [`STALE_TOKEN_SQLSTATE`]), so nothing of the transaction commits. `schema` is
+/// baton's schema (`?schema=` of the backend URL, `baton` by default).
 pub fn fence_sql(schema: &str) -> String {
     format!("SELECT {schema}.fence($1, $2)")
+}
+
+/// Fences `resource` with `token` inside the caller's own transaction: records the token as
+/// the resource's newest, or fails with [`Error::StaleToken`] if a newer one was recorded
+/// there already — then the database refuses to commit anything of that transaction. Call it
+/// in the transaction that does the work, before committing; `schema` is baton's schema.
+///
+/// ```no_run
+/// # async fn work(leadership: &baton::Leadership, mut client: baton::postgres::tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// let transaction = client.transaction().await?;
+/// baton::postgres::fence(&transaction, "baton", "invoices", leadership.token()).await?;
+/// transaction.execute("UPDATE invoices SET sent = true WHERE id = 7", &[]).await?;
+/// transaction.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn fence(
+    client: &impl tokio_postgres::GenericClient,
+    schema: &str,
+    resource: &str,
+    token: u64,
+) -> Result<()> {
+    crate::url::check_schema(schema).map_err(|reason| Error::InvalidUrl {
+        url: format!("schema={schema}"),
+        reason,
+    })?;
+    let stale = || Error::StaleToken {
+        resource: resource.to_string(),
+        token,
+    };
+    let Ok(signed) = i64::try_from(token) else {
+        return Err(stale());
+    };
+    match client
+        .query_typed(&fence_sql(schema), &[p(&resource), p(&signed)])
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(error)
+            if error
+                .as_db_error()
+                .is_some_and(|db| db.code().code() == STALE_TOKEN_SQLSTATE) =>
+        {
+            Err(stale())
+        }
+        Err(error) => Err(pg_error("fence", error)),
+    }
 }
 
 impl PgBackend {
@@ -811,7 +874,6 @@ impl LeaseTransport for PgLeaseTransport {
 async fn renew_worker(
     target: Target,
     schema: String,
-    stats: Arc<Stats>,
     id: oneshot::Receiver<i64>,
     mut sends: mpsc::UnboundedReceiver<()>,
     answers: mpsc::UnboundedSender<Result<Duration>>,
@@ -831,12 +893,7 @@ async fn renew_worker(
                 client = Some(open(&target, None).await?);
             }
             let client = client.as_ref().expect("connected above");
-            let row = bounded(
-                &stats,
-                "lease keepalive",
-                client.query_typed_opt(&sql, &[p(&id)]),
-            )
-            .await?;
+            let row = uncounted("lease keepalive", client.query_typed_opt(&sql, &[p(&id)])).await?;
             Ok(row.map_or(Duration::ZERO, |row| {
                 Duration::from_secs_f64(row.get::<_, f64>(0).max(0.0))
             }))
@@ -927,7 +984,6 @@ impl Queue for PgBackend {
                 tokio::spawn(renew_worker(
                     self.pool.target.clone(),
                     self.schema.clone(),
-                    self.stats.clone(),
                     worker_id_rx,
                     sends_rx,
                     answers_tx,
