@@ -12,12 +12,13 @@ install_packages() {
   [ -d /usr/share/zookeeper ] || missing+=(zookeeper)
   command -v pgbouncer >/dev/null || missing+=(pgbouncer)
   command -v openssl >/dev/null || missing+=(openssl)
+  [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]} (Debian packages)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq etcd-server etcd-client zookeeper pgbouncer protobuf-compiler \
-      libprotobuf-dev openssl >/dev/null
+      libprotobuf-dev openssl faketime >/dev/null
   fi
 }
 

@@ -36,6 +36,20 @@ enum BenchKind {
     Elections(ElectionsArgs),
     /// Resident memory of `baton run` and its guard while the command runs.
     Rss(Common),
+    /// PostgreSQL: one small transaction unfenced, fenced inside it with
+    /// `baton::postgres::fence`, and as baton's own fenced transaction (`guarded_put`).
+    #[cfg(feature = "postgres")]
+    Fenced(FencedArgs),
+}
+
+#[cfg(feature = "postgres")]
+#[derive(Debug, Args)]
+struct FencedArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Transactions of each kind.
+    #[arg(long, default_value_t = 500)]
+    rounds: usize,
 }
 
 #[derive(Debug, Args)]
@@ -116,6 +130,8 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Herd(args) => herd(args).await,
         BenchKind::Elections(args) => elections(args).await,
         BenchKind::Rss(args) => rss(args).await,
+        #[cfg(feature = "postgres")]
+        BenchKind::Fenced(args) => fenced(args).await,
     }
 }
 
@@ -628,5 +644,74 @@ async fn rss(args: Common) -> anyhow::Result<()> {
     );
     runner.stop();
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The cost of fencing: the same one-row upsert in its own transaction, unfenced, fenced
+/// inside it, and as baton's fenced transaction.
+#[cfg(feature = "postgres")]
+async fn fenced(args: FencedArgs) -> anyhow::Result<()> {
+    use baton::postgres::tokio_postgres;
+    let url = &args.common.backend;
+    let Ok(baton::BackendUrl::Postgres {
+        url: raw_url,
+        schema,
+    }) = baton::BackendUrl::parse(url)
+    else {
+        return Err(UsageError("bench fenced needs a valid postgres:// backend".into()).into());
+    };
+    if args.rounds == 0 {
+        return Err(UsageError("--rounds must be at least 1".into()).into());
+    }
+    let backend = crate::connect(url).await?;
+    let election = Election::new(&backend, &unique("fenced"), ElectionConfig::default())?;
+    let leadership = election.campaign("bench").await?;
+    let (mut client, connection) = tokio_postgres::connect(&raw_url, tokio_postgres::NoTls)
+        .await
+        .context("connecting for the unfenced transactions")?;
+    tokio::spawn(connection);
+    let table = format!("{schema}.bench_fenced");
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {table} (k text PRIMARY KEY, v bigint NOT NULL)"
+        ))
+        .await?;
+    let upsert = format!(
+        "INSERT INTO {table} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+    );
+    let token = leadership.token();
+    let mut unfenced = Vec::new();
+    let mut inside = Vec::new();
+    let mut guarded = Vec::new();
+    for i in 0..args.rounds {
+        let value = i as i64;
+        let started = Instant::now();
+        let transaction = client.transaction().await?;
+        transaction.execute(&upsert, &[&"plain", &value]).await?;
+        transaction.commit().await?;
+        unfenced.push(started.elapsed());
+
+        let started = Instant::now();
+        let transaction = client.transaction().await?;
+        baton::postgres::fence(&transaction, &schema, "bench", token).await?;
+        transaction.execute(&upsert, &[&"fenced", &value]).await?;
+        transaction.commit().await?;
+        inside.push(started.elapsed());
+
+        let started = Instant::now();
+        leadership
+            .guarded_put("/bench/fenced", &value.to_string())
+            .await?;
+        guarded.push(started.elapsed());
+    }
+    summary("upsert in a transaction, unfenced", &mut unfenced);
+    summary(
+        "the same, fenced inside it (baton::postgres::fence)",
+        &mut inside,
+    );
+    summary("baton's fenced transaction (guarded_put)", &mut guarded);
+    client.batch_execute(&format!("DROP TABLE {table}")).await?;
+    leadership.resign().await;
+    backend.close().await;
     Ok(())
 }

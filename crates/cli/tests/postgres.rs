@@ -66,7 +66,10 @@ fn pg_ctl(data: &str, action: &str) {
         "stop" => command.args(["-m", "fast", "stop"]),
         _ => command.args(["-l", &log, "start"]),
     };
-    let status = command.status().unwrap();
+    let status = command
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
     assert!(status.success(), "pg_ctl {action}: {status}");
 }
 
@@ -208,4 +211,82 @@ fn libpq_environment_fills_in_the_url() {
     assert_eq!(bad.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("password"), "{stderr}");
+}
+
+/// libfaketime, which shifts what a process reads as the wall clock.
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// The client host's wall clock stepped an hour ahead, then an hour behind, while a leader
+/// holds and a waiter waits, changes nothing: a session's expiry is decided by the database's
+/// clock and the local deadline by the monotonic clock; no client wall clock is compared with
+/// anything. The leader keeps its term, the waiter waits, and a crash is still taken over
+/// within the TTL. (libfaketime steps CLOCK_REALTIME of both `baton run` processes.)
+#[test]
+fn the_client_hosts_clock_stepped_changes_nothing() {
+    assert!(
+        std::path::Path::new(FAKETIME).exists(),
+        "{FAKETIME} is missing: scripts/test installs Debian's faketime"
+    );
+    let addr = postgres();
+    let dir = scratch("pg-clock");
+    let shift = dir.join("faketime");
+    std::fs::write(&shift, "+0\n").unwrap();
+    let shift_text = shift.display().to_string();
+    let env = [
+        ("LD_PRELOAD", FAKETIME),
+        ("FAKETIME_TIMESTAMP_FILE", shift_text.as_str()),
+        ("FAKETIME_NO_CACHE", "1"),
+        ("DONT_FAKE_MONOTONIC", "1"),
+    ];
+    // The shift takes effect in a process started that way.
+    let wall = |offset: &str| {
+        std::fs::write(&shift, format!("{offset}\n")).unwrap();
+        let out = std::process::Command::new("date")
+            .arg("+%s")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<i64>()
+            .unwrap()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (wall("+1h") - now - 3600).abs() < 30,
+        "libfaketime has no effect"
+    );
+    wall("+0");
+    let election = unique("clock");
+    let flags = ["--ttl", "2s"];
+    let leader = Runner::start_env(&url_at(&addr), &election, &flags, &dir, "l", &env);
+    let token = leader.wait_running(Duration::from_secs(5));
+    let waiter = Runner::start_env(&url_at(&addr), &election, &flags, &dir, "w", &env);
+    std::thread::sleep(Duration::from_millis(500));
+    for offset in ["+1h", "-1h"] {
+        wall(offset);
+        std::thread::sleep(Duration::from_secs(3));
+        assert!(
+            leader.child_pid().is_some_and(alive),
+            "the leader lost its term after the clock moved {offset}: {}",
+            leader.stderr()
+        );
+        assert!(
+            waiter.token().is_none(),
+            "the waiter started after {offset}"
+        );
+    }
+    // A crash is taken over within the TTL (plus the database's look), clock still shifted.
+    let killed = Instant::now();
+    signal(-process_group(leader.child.id() as u64), libc::SIGKILL);
+    let next = waiter.wait_running(Duration::from_secs(6));
+    assert!(next > token);
+    let took = killed.elapsed();
+    assert!(
+        took > Duration::from_millis(1_000) && took < Duration::from_millis(3_500),
+        "failover took {took:?} at TTL 2s"
+    );
 }

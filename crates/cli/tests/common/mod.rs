@@ -289,6 +289,18 @@ impl Runner {
         dir: &Path,
         name: &'static str,
     ) -> Runner {
+        Runner::start_env(backend, election, flags, dir, name, &[])
+    }
+
+    /// [`Runner::start_with`] with these environment variables added.
+    pub fn start_env(
+        backend: &str,
+        election: &str,
+        flags: &[&str],
+        dir: &Path,
+        name: &'static str,
+        env: &[(&str, &str)],
+    ) -> Runner {
         let script = format!(
             "echo $BATON_TOKEN > {d}/{n}.token.tmp; mv {d}/{n}.token.tmp {d}/{n}.token; \
              sleep 1000 & echo $! > {d}/{n}.grandchild; echo $$ > {d}/{n}.pid; wait",
@@ -300,6 +312,7 @@ impl Runner {
             .args(["run", "--backend", backend, "--election", election])
             .args(flags)
             .args(["--id", name, "--grace", "1s", "--", "sh", "-c", &script])
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
