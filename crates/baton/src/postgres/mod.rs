@@ -296,6 +296,8 @@ struct Target {
 /// itself); a broken one is replaced on its next use.
 struct Pool {
     target: Target,
+    /// What warms a new connection (none until the schema exists).
+    warm: std::sync::OnceLock<String>,
     slots: Vec<tokio::sync::Mutex<Option<Client>>>,
     next: AtomicUsize,
 }
@@ -316,12 +318,58 @@ impl Pool {
             None => self.slots[start % self.slots.len()].lock().await,
         };
         if slot.as_ref().is_none_or(Client::is_closed) {
-            *slot = Some(open(&self.target, None).await?);
+            *slot = Some(self.open_warm().await?);
         }
         Ok(tokio::sync::MutexGuard::map(slot, |client| {
             client.as_mut().expect("connected above")
         }))
     }
+
+    /// Opens every connection and warms it for `schema`, so that none is opened (or
+    /// warmed) on the handoff's path.
+    async fn fill(&self, schema: &str) -> Result<()> {
+        let _ = self.warm.set(warm_sql(schema));
+        for slot in &self.slots {
+            let mut slot = slot.lock().await;
+            match slot.as_ref() {
+                Some(client) if !client.is_closed() => self.warm_up(client).await,
+                _ => *slot = Some(self.open_warm().await?),
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens a connection and warms it: the first statement on `entries` in a server process
+    /// loads the table's caches and compiles its notification trigger (about 2 ms here), which
+    /// must not happen in the resign that hands over. A rolled-back insert and delete of a
+    /// dummy entry does it; a role that cannot write warms nothing, and loses nothing.
+    async fn open_warm(&self) -> Result<Client> {
+        let client = open(&self.target, None).await?;
+        self.warm_up(&client).await;
+        Ok(client)
+    }
+
+    async fn warm_up(&self, client: &Client) {
+        let Some(warm) = self.warm.get() else { return };
+        if tokio::time::timeout(REQUEST_TIMEOUT, client.batch_execute(warm))
+            .await
+            .map_or(true, |done| done.is_err())
+        {
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, client.batch_execute("ROLLBACK")).await;
+        }
+    }
+}
+
+/// The statements that warm a connection for `schema` (see [`Pool::open_warm`]); nothing of
+/// them commits, and notifications of a rolled-back transaction are never sent.
+fn warm_sql(schema: &str) -> String {
+    format!(
+        "BEGIN; \
+         INSERT INTO {schema}.sessions (id, ttl, expires_at) VALUES (-1, '1s', clock_timestamp()); \
+         INSERT INTO {schema}.entries VALUES ('', 0, '', '', '', -1); \
+         DELETE FROM {schema}.entries WHERE election = '' AND position = 0; \
+         ROLLBACK;"
+    )
 }
 
 /// Candidates waiting for a deletion, and observers, by election; fed by the LISTEN
@@ -500,6 +548,7 @@ impl PgBackend {
                 connector,
                 label,
             },
+            warm: std::sync::OnceLock::new(),
             slots: (0..POOL).map(|_| tokio::sync::Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
         });
@@ -515,6 +564,7 @@ impl PgBackend {
             stats,
         };
         backend.create_schema().await?;
+        backend.pool.fill(&backend.schema).await?;
         backend.listen().await;
         Ok(backend)
     }
@@ -640,6 +690,17 @@ impl PgBackend {
             }
         });
         let _ = tokio::time::timeout(PROBE_PATIENCE, decided).await;
+    }
+
+    /// While notifications do not arrive, tells this backend's observers of `election` that one of our
+    /// own candidates changed it (others' changes they find by polling).
+    fn changed(&self, election: &str) {
+        let mut hub = self.hub.lock().unwrap_or_else(|e| e.into_inner());
+        if !hub.listening {
+            if let Some(observers) = hub.observers.get_mut(election) {
+                observers.retain(|o| o.send(Seen::Changed).is_ok());
+            }
+        }
     }
 
     /// Deletes the sessions whose time is up (their entries go with them, notifying).
@@ -1056,7 +1117,10 @@ impl Queue for PgBackend {
             )
             .await;
             let error = match answer {
-                Ok(Ok(Some(row))) => return Ok(Position(row.get::<_, i64>(0) as u64)),
+                Ok(Ok(Some(row))) => {
+                    self.changed(&entrant.election);
+                    return Ok(Position(row.get::<_, i64>(0) as u64));
+                }
                 Ok(Ok(None)) => {
                     return Err(Error::Backend {
                         backend: BACKEND,
@@ -1234,6 +1298,7 @@ impl Queue for PgBackend {
             client.execute_typed(&sql, &[p(&entry.election), p(&position), p(&entry.name)]),
         )
         .await?;
+        self.changed(&entry.election);
         Ok(())
     }
 
@@ -1254,6 +1319,7 @@ impl Queue for PgBackend {
             client.execute_typed(&sql, &[p(&entry.election), p(&entry.name), p(&lease.id)]),
         )
         .await?;
+        self.changed(&entry.election);
         Ok(())
     }
 
@@ -1618,32 +1684,47 @@ impl Connection for PgBackend {
                 let mut closing = std::pin::pin!(closing);
                 let mut last: Option<Option<LeaderInfo>> = None;
                 // A crashed leader's row stays until someone removes its expired session: look
-                // every second too (and say so when the database cannot be seen).
-                let mut probe = tokio::time::interval(Duration::from_secs(1));
+                // every second too (and say so when the database cannot be seen); without
+                // notifications, as often as a waiter looks at the leader.
+                let mut probe = tokio::time::interval(POLL_FAST);
                 probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut looked = tokio::time::Instant::now();
+                let mut look = true;
                 loop {
-                    let current = async {
-                        let client = backend.pool.get().await?;
-                        backend.clean_up(&client).await?;
-                        backend.first(&client, &election).await
+                    if !look {
+                        // A tick: with notifications, only once a second.
+                        let listening = backend
+                            .hub
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .listening;
+                        look = !listening || looked.elapsed() >= Duration::from_secs(1);
                     }
-                    .await;
-                    let said = match current {
-                        Ok(leader) if last.as_ref() != Some(&leader) => {
-                            last = Some(leader.clone());
-                            Some(Observed::Leader(leader))
+                    if look {
+                        let current = async {
+                            looked = tokio::time::Instant::now();
+                            let client = backend.pool.get().await?;
+                            backend.clean_up(&client).await?;
+                            backend.first(&client, &election).await
                         }
-                        Ok(_) => None,
-                        Err(error) => {
-                            last = None;
-                            Some(Observed::Unavailable {
-                                reason: error.to_string(),
-                            })
-                        }
-                    };
-                    if let Some(said) = said {
-                        if tx.send(said).await.is_err() {
-                            return;
+                        .await;
+                        let said = match current {
+                            Ok(leader) if last.as_ref() != Some(&leader) => {
+                                last = Some(leader.clone());
+                                Some(Observed::Leader(leader))
+                            }
+                            Ok(_) => None,
+                            Err(error) => {
+                                last = None;
+                                Some(Observed::Unavailable {
+                                    reason: error.to_string(),
+                                })
+                            }
+                        };
+                        if let Some(said) = said {
+                            if tx.send(said).await.is_err() {
+                                return;
+                            }
                         }
                     }
                     tokio::select! {
@@ -1654,13 +1735,17 @@ impl Connection for PgBackend {
                                     return;
                                 }
                             }
-                            Some(Seen::Changed) => {}
+                            Some(Seen::Changed) => {
+                                look = true;
+                                continue;
+                            }
                             None => return,
                         },
                         _ = probe.tick() => {}
                         _ = closing.as_mut() => return,
                         _ = tx.closed() => return,
                     }
+                    look = false;
                 }
             });
             Ok(())
