@@ -387,3 +387,42 @@ async fn one_release_costs_the_same_few_statements_at_50_and_1000_waiters() {
     );
     assert!(costs[1] <= costs[0] + 2, "grows with waiters: {costs:?}");
 }
+
+/// A restored backup hands a session id out again: the holder of the old session with that id
+/// must not have its renewals keep the new one alive (each session has a random key its
+/// renewals prove). Its lease ends at its local deadline.
+#[tokio::test]
+async fn a_reused_session_id_does_not_keep_the_old_holder_leading() {
+    let schema = format!("restored_{}", std::process::id());
+    let url = format!("{}?schema={schema}", server());
+    let backend = baton::Backend::connect(&url).await.unwrap();
+    let election = baton::Election::new(
+        &backend,
+        &conformance::unique("restored"),
+        conformance::config(),
+    )
+    .unwrap();
+    let leadership = election.campaign("a").await.unwrap();
+    let client = raw(&server()).await;
+    // As a restore would leave it: the tables emptied behind baton's back (no notification),
+    // and the same session id now someone else's, live for a minute.
+    client
+        .batch_execute(&format!(
+            "BEGIN; \
+             CREATE TEMP TABLE old AS SELECT id FROM {schema}.sessions; \
+             ALTER TABLE {schema}.entries DISABLE TRIGGER entry_changed; \
+             DELETE FROM {schema}.sessions; \
+             ALTER TABLE {schema}.entries ENABLE TRIGGER entry_changed; \
+             INSERT INTO {schema}.sessions (id, ttl, expires_at) \
+             SELECT id, '60s', clock_timestamp() + interval '60s' FROM old; \
+             COMMIT;"
+        ))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    tokio::time::timeout(std::time::Duration::from_secs(4), leadership.lost())
+        .await
+        .expect("the old holder still leads on a session id that is no longer its own");
+    assert!(started.elapsed() <= std::time::Duration::from_millis(2_100));
+    backend.close().await;
+}

@@ -403,7 +403,7 @@ pub(crate) struct PgBackend {
     clock: Clock,
     leases: LeasePool<PgLease>,
     /// The sessions this backend has granted (an entry on one of them is our own).
-    own_sessions: Mutex<std::collections::HashSet<i64>>,
+    own_sessions: Mutex<std::collections::HashSet<(i64, i64)>>,
     tokens: TokenMemory,
     stats: Arc<Stats>,
 }
@@ -426,7 +426,10 @@ CREATE TABLE IF NOT EXISTS {schema}.meta (version int NOT NULL);
 CREATE TABLE IF NOT EXISTS {schema}.sessions (
     id bigserial PRIMARY KEY,
     ttl interval NOT NULL,
-    expires_at timestamptz NOT NULL
+    expires_at timestamptz NOT NULL,
+    -- A random key each holder proves in its renewals: a restored backup (its sequence handing
+    -- out an id again) cannot make one holder's renewals keep another's row alive.
+    key bigint NOT NULL DEFAULT (floor(random() * 9223372036854775807))::bigint
 );
 CREATE TABLE IF NOT EXISTS {schema}.elections (
     name text PRIMARY KEY,
@@ -858,6 +861,8 @@ fn describe(position: i64, value: String) -> LeaderInfo {
 #[derive(Debug)]
 pub(crate) struct PgLease {
     id: i64,
+    /// The session's random key (see the `sessions` table).
+    key: i64,
     handle: LeaseHandle,
 }
 
@@ -874,9 +879,10 @@ struct PgLeaseTransport {
     schema: String,
     stats: Arc<Stats>,
     id: i64,
+    key: i64,
     answers: mpsc::UnboundedReceiver<Result<Duration>>,
     sends: mpsc::UnboundedSender<()>,
-    on_grant: Option<oneshot::Sender<i64>>,
+    on_grant: Option<oneshot::Sender<(i64, i64)>>,
 }
 
 impl LeaseTransport for PgLeaseTransport {
@@ -884,7 +890,7 @@ impl LeaseTransport for PgLeaseTransport {
         let sql = format!(
             "INSERT INTO {}.sessions (ttl, expires_at) VALUES \
              (make_interval(secs => $1), clock_timestamp() + make_interval(secs => $1)) \
-             RETURNING id",
+             RETURNING id, key",
             self.schema
         );
         let seconds = ttl.as_secs_f64();
@@ -895,9 +901,9 @@ impl LeaseTransport for PgLeaseTransport {
             client.query_typed_one(&sql, &[p(&seconds)]),
         )
         .await?;
-        self.id = row.get(0);
+        (self.id, self.key) = (row.get(0), row.get(1));
         if let Some(tx) = self.on_grant.take() {
-            let _ = tx.send(self.id);
+            let _ = tx.send((self.id, self.key));
         }
         Ok(ttl)
     }
@@ -917,13 +923,16 @@ impl LeaseTransport for PgLeaseTransport {
     }
 
     async fn revoke(&mut self) -> Result<()> {
-        let sql = format!("DELETE FROM {}.sessions WHERE id = $1", self.schema);
-        let id = self.id;
+        let sql = format!(
+            "DELETE FROM {}.sessions WHERE id = $1 AND key = $2",
+            self.schema
+        );
+        let (id, key) = (self.id, self.key);
         let client = self.pool.get().await?;
         bounded(
             &self.stats,
             "lease revoke",
-            client.execute_typed(&sql, &[p(&id)]),
+            client.execute_typed(&sql, &[p(&id), p(&key)]),
         )
         .await?;
         Ok(())
@@ -935,17 +944,17 @@ impl LeaseTransport for PgLeaseTransport {
 async fn renew_worker(
     target: Target,
     schema: String,
-    id: oneshot::Receiver<i64>,
+    id: oneshot::Receiver<(i64, i64)>,
     mut sends: mpsc::UnboundedReceiver<()>,
     answers: mpsc::UnboundedSender<Result<Duration>>,
 ) {
     // Connected before the first renewal is due: connecting (with its password exchange) must
     // not eat into the first renewal interval.
     let mut client: Option<Client> = open(&target, None).await.ok();
-    let Ok(id) = id.await else { return };
+    let Ok((id, key)) = id.await else { return };
     let sql = format!(
         "UPDATE {schema}.sessions SET expires_at = clock_timestamp() + ttl \
-         WHERE id = $1 AND expires_at > clock_timestamp() \
+         WHERE id = $1 AND key = $2 AND expires_at > clock_timestamp() \
          RETURNING extract(epoch FROM ttl)::float8"
     );
     while sends.recv().await.is_some() {
@@ -954,7 +963,11 @@ async fn renew_worker(
                 client = Some(open(&target, None).await?);
             }
             let client = client.as_ref().expect("connected above");
-            let row = uncounted("lease keepalive", client.query_typed_opt(&sql, &[p(&id)])).await?;
+            let row = uncounted(
+                "lease keepalive",
+                client.query_typed_opt(&sql, &[p(&id), p(&key)]),
+            )
+            .await?;
             Ok(row.map_or(Duration::ZERO, |row| {
                 Duration::from_secs_f64(row.get::<_, f64>(0).max(0.0))
             }))
@@ -1054,18 +1067,19 @@ impl Queue for PgBackend {
                     schema: self.schema.clone(),
                     stats: self.stats.clone(),
                     id: 0,
+                    key: 0,
                     answers: answers_rx,
                     sends: sends_tx,
                     on_grant: Some(id_tx),
                 };
                 let handle = start_lease(transport, config.clone(), self.clock.clone()).await?;
-                let id = id_rx.await.map_err(|_| Error::Closed)?;
-                let _ = worker_id_tx.send(id);
+                let (id, key) = id_rx.await.map_err(|_| Error::Closed)?;
+                let _ = worker_id_tx.send((id, key));
                 self.own_sessions
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(id);
-                Ok(PgLease { id, handle })
+                    .insert((id, key));
+                Ok(PgLease { id, key, handle })
             })
             .await
     }
@@ -1073,7 +1087,7 @@ impl Queue for PgBackend {
     fn entry_name(&self, entrant: &PgEntrant, lease: &PgLease) -> PgEntry {
         PgEntry {
             election: entrant.election.clone(),
-            name: format!("{:016x}-{}", lease.id, entrant.serial),
+            name: format!("{:016x}-{:016x}-{}", lease.id, lease.key, entrant.serial),
         }
     }
 
@@ -1092,7 +1106,7 @@ impl Queue for PgBackend {
              ON CONFLICT (name) DO UPDATE SET epoch = el.epoch + 1 RETURNING epoch) \
              INSERT INTO {s}.entries (election, position, name, candidate, value, session) \
              SELECT $1, e.epoch, $2, $3, $4, $5 FROM e WHERE EXISTS (SELECT 1 FROM {s}.sessions \
-             WHERE id = $5 AND expires_at > clock_timestamp()) RETURNING position"
+             WHERE id = $5 AND key = $6 AND expires_at > clock_timestamp()) RETURNING position"
         );
         let holders = format!(
             "SELECT e.position, e.name, e.session, ss.expires_at > clock_timestamp() \
@@ -1112,6 +1126,7 @@ impl Queue for PgBackend {
                         p(&entrant.id),
                         p(&entrant.value),
                         p(&lease.id),
+                        p(&lease.key),
                     ],
                 ),
             )
@@ -1466,11 +1481,11 @@ impl WatchLooks {
     }
 }
 
-/// The session an entry name (`<session as 16 hex digits>-<serial>`) is bound to.
-fn entry_session(name: &str) -> Option<i64> {
-    u64::from_str_radix(name.get(..16)?, 16)
-        .ok()
-        .and_then(|id| i64::try_from(id).ok())
+/// The session an entry name (`<session id>-<session key>-<serial>`, both in 16 hex digits)
+/// is bound to: its id and key.
+fn entry_session(name: &str) -> Option<(i64, i64)> {
+    let hex = |text: Option<&str>| u64::from_str_radix(text?, 16).ok().map(|n| n as i64);
+    Some((hex(name.get(..16))?, hex(name.get(17..33))?))
 }
 
 /// Fenced transactions: the leader's entry row is locked (`FOR UPDATE`) for the whole
