@@ -181,7 +181,11 @@ CONF
     >/dev/null || { log "PostgreSQL failed to start:"; cat "$PG_DIR/postgres.log" >&2; exit 1; }
   runuser -u postgres -- psql -h "$PG_DIR" -p "$port" -q -v ON_ERROR_STOP=1 -d postgres \
     -c "CREATE ROLE baton LOGIN PASSWORD 'baton'" -c "CREATE DATABASE baton OWNER baton" \
-    -c "CREATE ROLE baton_readonly LOGIN PASSWORD 'readonly'" >/dev/null
+    -c "CREATE ROLE baton_readonly LOGIN PASSWORD 'readonly'" \
+    -c "CREATE ROLE baton_limited LOGIN PASSWORD 'limited'" >/dev/null
+  # A role without CREATE on the database, with a schema made for it.
+  runuser -u postgres -- psql -h "$PG_DIR" -p "$port" -q -v ON_ERROR_STOP=1 -d baton \
+    -c "CREATE SCHEMA limited AUTHORIZATION baton_limited" >/dev/null
   runuser -u postgres -- psql -h "$PG_DIR" -p "$port" -q -v ON_ERROR_STOP=1 -d baton \
     -c "CREATE EXTENSION pg_stat_statements" >/dev/null
 }

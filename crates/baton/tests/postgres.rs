@@ -426,3 +426,32 @@ async fn a_reused_session_id_does_not_keep_the_old_holder_leading() {
     assert!(started.elapsed() <= std::time::Duration::from_millis(2_100));
     backend.close().await;
 }
+
+/// Schemas: a role without CREATE on the database uses a schema made for it; a reserved word
+/// as the schema's name is one clear line, not a syntax error from deep inside.
+#[tokio::test]
+async fn schemas_made_for_a_role_and_reserved_words() {
+    let limited = server().replace("baton:baton@", "baton_limited:limited@");
+    let backend = baton::Backend::connect(&format!("{limited}?schema=limited"))
+        .await
+        .unwrap_or_else(|error| panic!("a schema made for the role: {error}"));
+    let election = baton::Election::new(
+        &backend,
+        &conformance::unique("limited"),
+        conformance::config(),
+    )
+    .unwrap();
+    election.campaign("a").await.unwrap().resign().await;
+    backend.close().await;
+    for word in ["select", "user", "order"] {
+        let error = baton::Backend::connect(&format!("{}?schema={word}", server()))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("schema={word} accepted"));
+        let message = error.to_string();
+        assert!(
+            message.contains("reserves") && !error.is_retryable(),
+            "{message}"
+        );
+    }
+}

@@ -104,14 +104,21 @@ pub(crate) fn configure(
             }
         }
     }
-    if config.get_ports().is_empty() {
-        if let Some(port) = env("PGPORT") {
-            for port in port.split(',') {
-                let port = port
-                    .parse()
-                    .map_err(|_| invalid(format!("PGPORT={port:?} is not a port number")))?;
-                config.port(port);
-            }
+    // tokio-postgres fills in 5432 for a host without a port: libpq takes PGPORT then.
+    if !names_port(&rest) {
+        if let Some(ports) = env("PGPORT") {
+            let ports = ports
+                .split(',')
+                .map(|port| {
+                    port.parse::<u16>()
+                        .map_err(|_| invalid(format!("PGPORT={port:?} is not a port number")))
+                })
+                .collect::<Result<Vec<u16>>>()?;
+            let hosts = config.get_hosts().to_vec();
+            let mut fresh = config.clone();
+            // Rebuild the host list with PGPORT's ports (one for all, or one per host).
+            fresh = rebuild_ports(fresh, &hosts, &ports);
+            config = fresh;
         }
     }
     if config.get_user().is_none() {
@@ -194,6 +201,63 @@ pub(crate) fn configure(
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
     Ok((config, Connector::Tls(MakeRustlsConnect::new(tls))))
+}
+
+/// Whether the URL names a port itself (`host:port` in its authority, or `port=`).
+fn names_port(url: &str) -> bool {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    if query.split('&').any(|pair| pair.starts_with("port=")) {
+        return true;
+    }
+    let authority = base
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
+    let hosts = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, hosts)| hosts);
+    hosts.split(',').any(|host| {
+        // `[v6]:port` or `name:port`; a bare `[v6]` has its colons inside the brackets.
+        let after = host.rsplit_once(']').map_or(host, |(_, after)| after);
+        after.contains(':')
+    })
+}
+
+/// `config` with its hosts given `ports` (one for every host, or one per host).
+fn rebuild_ports(
+    config: tokio_postgres::Config,
+    hosts: &[Host],
+    ports: &[u16],
+) -> tokio_postgres::Config {
+    let mut fresh = tokio_postgres::Config::new();
+    for (i, host) in hosts.iter().enumerate() {
+        match host {
+            Host::Tcp(name) => fresh.host(name),
+            Host::Unix(path) => fresh.host_path(path),
+        };
+        fresh.port(*ports.get(i).or(ports.last()).unwrap_or(&5432));
+    }
+    if let Some(user) = config.get_user() {
+        fresh.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        fresh.password(password);
+    }
+    if let Some(db) = config.get_dbname() {
+        fresh.dbname(db);
+    }
+    if let Some(options) = config.get_options() {
+        fresh.options(options);
+    }
+    if let Some(name) = config.get_application_name() {
+        fresh.application_name(name);
+    }
+    if let Some(timeout) = config.get_connect_timeout() {
+        fresh.connect_timeout(*timeout);
+    }
+    fresh.ssl_mode(config.get_ssl_mode());
+    fresh.target_session_attrs(config.get_target_session_attrs());
+    fresh.channel_binding(config.get_channel_binding());
+    fresh
 }
 
 /// The label of `config`'s hosts, for messages (`host:port,...`).
@@ -376,6 +440,18 @@ mod tests {
         assert_eq!(config.get_dbname(), Some("jobs"));
         assert_eq!(config.get_application_name(), Some("baton"));
         assert!(matches!(connector, Connector::Plain));
+        // A host without a port takes PGPORT, as libpq does; a port in the URL wins.
+        let (config, _) = configure("postgres://bob@h1,h2/db", &env).unwrap();
+        assert_eq!(label(&config), "h1:6543,h2:6543");
+        assert_eq!(config.get_user(), Some("bob"));
+        let (config, _) = configure("postgres://bob@h1:7/db", &env).unwrap();
+        assert_eq!(label(&config), "h1:7");
+        let bad = |name: &str| (name == "PGPORT").then(|| "abc".to_string());
+        let error = configure("postgres://bob@h/db", &bad)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("PGPORT=\"abc\""), "{error}");
         // The URL wins over the environment.
         let (config, connector) =
             configure("postgres://bob:pw@h:1/db?sslmode=require", &env).unwrap();

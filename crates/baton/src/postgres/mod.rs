@@ -211,8 +211,19 @@ async fn open(target: &Target, notices: Option<mpsc::UnboundedSender<String>>) -
         source: Some(Box::new(error)),
     };
     if let Some(db) = error.as_db_error() {
+        let code = db.code().code();
+        let detail = format!("{} ({code})", db.message());
+        // Too many connections, the server starting or shutting down: an outage to wait out.
+        if code.starts_with("53") || code.starts_with("57") {
+            return Err(Error::Backend {
+                backend: BACKEND,
+                operation: "connect",
+                detail,
+                retryable: true,
+                source: Some(Box::new(error)),
+            });
+        }
         // Refused by the server (password, database, role): bad input, not an outage.
-        let detail = format!("{} ({})", db.message(), db.code().code());
         return Err(refused(detail, error));
     }
     // TLS that cannot be had (a certificate that does not check out, a server without TLS
@@ -387,11 +398,10 @@ struct Hub {
     polling: bool,
 }
 
-/// What an observer hears.
+/// What an observer hears: its election may have changed, look again.
 #[derive(Debug)]
 enum Seen {
     Changed,
-    Unavailable(String),
 }
 
 /// A connection to PostgreSQL.
@@ -421,7 +431,6 @@ impl std::fmt::Debug for PgBackend {
 fn schema_sql(schema: &str, channel: &str) -> String {
     format!(
         r#"
-CREATE SCHEMA IF NOT EXISTS {schema};
 CREATE TABLE IF NOT EXISTS {schema}.meta (version int NOT NULL);
 CREATE TABLE IF NOT EXISTS {schema}.sessions (
     id bigserial PRIMARY KEY,
@@ -579,6 +588,24 @@ impl PgBackend {
     async fn create_schema(&self) -> Result<()> {
         const OP: &str = "create schema";
         let mut client = self.pool.get().await?;
+        // A reserved word would need quoting everywhere: refuse it here, in one line.
+        let reserved: bool = bounded(
+            &self.stats,
+            OP,
+            client.query_typed_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_get_keywords() WHERE word = $1 \
+                 AND catcode <> 'U')",
+                &[p(&self.schema)],
+            ),
+        )
+        .await?
+        .get(0);
+        if reserved {
+            return Err(Error::InvalidUrl {
+                url: format!("schema={}", self.schema),
+                reason: "a word PostgreSQL reserves; choose another schema name".into(),
+            });
+        }
         let exists = format!("SELECT to_regclass('{}.meta') IS NOT NULL", self.schema);
         let present: bool = bounded(&self.stats, OP, client.query_typed_one(&exists, &[]))
             .await?
@@ -599,7 +626,22 @@ impl PgBackend {
                     .await?
                     .get::<_, bool>(0);
             if still_absent {
-                let sql = schema_sql(&self.schema, &self.channel);
+                // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema
+                // exists: a schema made for a role without it must not be created again.
+                let schema_exists: bool = bounded(
+                    &self.stats,
+                    OP,
+                    transaction.query_typed_one(
+                        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+                        &[p(&self.schema)],
+                    ),
+                )
+                .await?
+                .get(0);
+                let mut sql = schema_sql(&self.schema, &self.channel);
+                if !schema_exists {
+                    sql = format!("CREATE SCHEMA {};\n{sql}", self.schema);
+                }
                 bounded(&self.stats, OP, transaction.batch_execute(&sql)).await?;
                 // Idempotent, should two first uses both get here (the row is the one guard
                 // that never misses a committed creator: each statement reads afresh).
@@ -681,7 +723,7 @@ impl PgBackend {
                         // The connection broke: watches may miss deletions now; they look
                         // again.
                         let Some(strong) = hub.upgrade() else { return };
-                        break_all(&strong, "the notification connection broke");
+                        break_all(&strong);
                     }
                     Ok(None) => return poll_instead(&strong),
                     Err(_) => drop(strong),
@@ -840,7 +882,9 @@ fn dispatch(hub: &Mutex<Hub>, note: &str) {
 }
 
 /// The notification connection broke: every watch is broken, observers are told.
-fn break_all(hub: &Mutex<Hub>, reason: &str) {
+/// The notification connection broke: every watch is broken; observers look again (they say
+/// the database is unavailable only if their own look fails: a reconnect is no outage).
+fn break_all(hub: &Mutex<Hub>) {
     let mut hub = hub.lock().unwrap_or_else(|e| e.into_inner());
     hub.listening = false;
     for (_, watches) in hub.deletions.drain() {
@@ -849,7 +893,7 @@ fn break_all(hub: &Mutex<Hub>, reason: &str) {
         }
     }
     for observers in hub.observers.values_mut() {
-        observers.retain(|o| o.send(Seen::Unavailable(reason.to_string())).is_ok());
+        observers.retain(|o| o.send(Seen::Changed).is_ok());
     }
 }
 
@@ -1719,7 +1763,8 @@ impl Connection for PgBackend {
                         let current = async {
                             looked = tokio::time::Instant::now();
                             let client = backend.pool.get().await?;
-                            backend.clean_up(&client).await?;
+                            // Best effort: a read-only role observes without removing.
+                            let _ = backend.clean_up(&client).await;
                             backend.first(&client, &election).await
                         }
                         .await;
@@ -1744,12 +1789,6 @@ impl Connection for PgBackend {
                     }
                     tokio::select! {
                         event = seen.recv() => match event {
-                            Some(Seen::Unavailable(reason)) => {
-                                last = None;
-                                if tx.send(Observed::Unavailable { reason }).await.is_err() {
-                                    return;
-                                }
-                            }
                             Some(Seen::Changed) => {
                                 look = true;
                                 continue;
