@@ -135,9 +135,31 @@ impl PrivateZk {
     }
 
     /// Freezes the server (SIGSTOP): it neither answers nor expires sessions until `resume`.
+    /// Stops the server, and returns once every one of its threads is stopped (a group stop
+    /// reaches the threads one by one: one still running could answer a request sent after
+    /// this returns).
     pub fn freeze(&self) {
+        let pid = self.pid();
         // SAFETY: a signal to the server this test started.
-        unsafe { libc::kill(self.pid(), libc::SIGSTOP) };
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        let stopped = |stat: &str| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with(['T', 't']))
+        };
+        for _ in 0..1000 {
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|dir| dir.flatten().map(|task| task.path()).collect::<Vec<_>>())
+                .unwrap_or_default();
+            let all = tasks.iter().all(|task| {
+                std::fs::read_to_string(task.join("stat")).is_ok_and(|stat| stopped(&stat))
+            });
+            if all {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("ZooKeeper (pid {pid}) did not stop within 1s of SIGSTOP");
     }
 
     pub fn resume(&self) {
