@@ -66,6 +66,70 @@ pub(crate) trait EntryWatch<E>: Send + 'static {
     fn fired(&mut self) -> impl Future<Output = Fired<E>> + Send;
 }
 
+/// A candidacy's place for backends whose entries need nothing else: its election, its id,
+/// its process-wide serial and the value its entry carries.
+pub(crate) struct PlainEntrant {
+    pub(crate) election: String,
+    pub(crate) id: String,
+    pub(crate) serial: u64,
+    pub(crate) value: String,
+}
+
+impl PlainEntrant {
+    pub(crate) fn new(spec: &CandidateSpec, serial: u64) -> PlainEntrant {
+        PlainEntrant {
+            election: spec.election.clone(),
+            id: spec.id.clone(),
+            serial,
+            value: crate::election::entry_value(&spec.id, spec.value.as_deref()),
+        }
+    }
+}
+
+/// A deletion watch answered once through a channel — by a store, or by a task of the
+/// backend's, which is aborted when the watch is dropped; a deletion heard is a watch event.
+pub(crate) struct OneshotWatch<E> {
+    fired: Option<tokio::sync::oneshot::Receiver<Fired<E>>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    stats: Arc<Stats>,
+}
+
+impl<E> OneshotWatch<E> {
+    pub(crate) fn new(
+        fired: tokio::sync::oneshot::Receiver<Fired<E>>,
+        task: Option<tokio::task::JoinHandle<()>>,
+        stats: Arc<Stats>,
+    ) -> OneshotWatch<E> {
+        OneshotWatch {
+            fired: Some(fired),
+            task,
+            stats,
+        }
+    }
+}
+
+impl<E> Drop for OneshotWatch<E> {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+impl<E: Send + 'static> EntryWatch<E> for OneshotWatch<E> {
+    async fn fired(&mut self) -> Fired<E> {
+        let Some(fired) = self.fired.as_mut() else {
+            return std::future::pending().await;
+        };
+        let outcome = fired.await.unwrap_or(Fired::Broken);
+        self.fired = None;
+        if matches!(outcome, Fired::Deleted { .. }) {
+            self.stats.watch_events.fetch_add(1, Ordering::Relaxed);
+        }
+        outcome
+    }
+}
+
 /// Where a candidate's entry stands in the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Located<E> {

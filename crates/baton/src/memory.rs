@@ -21,7 +21,8 @@ use tokio::time::Instant;
 use crate::backend::{BoxFuture, Connection, Fencer};
 use crate::clock::Clock;
 use crate::driver::{
-    EntryWatch, Fired, LeasePool, Located, Position, Queue, QueueLease, ReadPoint, TokenMemory,
+    Fired, LeasePool, Located, OneshotWatch, PlainEntrant, Position, Queue, QueueLease, ReadPoint,
+    TokenMemory,
 };
 use crate::election::{CandidateSpec, Command, GuardContext, LeaderInfo, Leadership, Observed};
 use crate::error::{Error, Result};
@@ -578,42 +579,11 @@ impl LeaseTransport for MemLeaseTransport {
     }
 }
 
-/// One candidacy's place in the store.
-pub(crate) struct MemEntrant {
-    election: String,
-    id: String,
-    serial: u64,
-    value: String,
-}
-
-/// A deletion watch: fired by the store.
-pub(crate) struct MemWatch {
-    receiver: Option<oneshot::Receiver<Fired<MemEntry>>>,
-    /// The watching backend's counters: a deletion it hears of is a watch event.
-    stats: Arc<Stats>,
-}
-
-impl EntryWatch<MemEntry> for MemWatch {
-    async fn fired(&mut self) -> Fired<MemEntry> {
-        let Some(receiver) = self.receiver.as_mut() else {
-            return std::future::pending().await;
-        };
-        let fired = receiver.await.unwrap_or(Fired::Broken);
-        self.receiver = None;
-        if matches!(fired, Fired::Deleted { .. }) {
-            self.stats
-                .watch_events
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        fired
-    }
-}
-
 impl Queue for MemoryBackend {
     type Lease = MemLease;
     type Entry = MemEntry;
-    type Entrant = MemEntrant;
-    type Watch = MemWatch;
+    type Entrant = PlainEntrant;
+    type Watch = OneshotWatch<MemEntry>;
 
     fn stats(&self) -> &Stats {
         &self.stats
@@ -627,13 +597,8 @@ impl Queue for MemoryBackend {
         &self.leases
     }
 
-    fn entrant(&self, spec: &CandidateSpec, serial: u64) -> MemEntrant {
-        MemEntrant {
-            election: spec.election.clone(),
-            id: spec.id.clone(),
-            serial,
-            value: crate::election::entry_value(&spec.id, spec.value.as_deref()),
-        }
+    fn entrant(&self, spec: &CandidateSpec, serial: u64) -> PlainEntrant {
+        PlainEntrant::new(spec, serial)
     }
 
     async fn lease(&self, config: &ElectionConfig) -> Result<Arc<MemLease>> {
@@ -654,7 +619,7 @@ impl Queue for MemoryBackend {
             .await
     }
 
-    fn entry_name(&self, entrant: &MemEntrant, lease: &MemLease) -> MemEntry {
+    fn entry_name(&self, entrant: &PlainEntrant, lease: &MemLease) -> MemEntry {
         MemEntry {
             election: entrant.election.clone(),
             name: format!("{:016x}-{}", lease.id, entrant.serial),
@@ -663,7 +628,7 @@ impl Queue for MemoryBackend {
 
     async fn create(
         &self,
-        entrant: &MemEntrant,
+        entrant: &PlainEntrant,
         entry: &MemEntry,
         lease: &MemLease,
     ) -> Result<Position> {
@@ -724,7 +689,7 @@ impl Queue for MemoryBackend {
 
     async fn locate(
         &self,
-        _entrant: &MemEntrant,
+        _entrant: &PlainEntrant,
         entry: &MemEntry,
         own: Position,
     ) -> Result<Located<MemEntry>> {
@@ -761,7 +726,11 @@ impl Queue for MemoryBackend {
         Ok(exists.then_some(ReadPoint(state.revision)))
     }
 
-    async fn watch_deletion(&self, entry: &MemEntry, after: ReadPoint) -> Result<MemWatch> {
+    async fn watch_deletion(
+        &self,
+        entry: &MemEntry,
+        after: ReadPoint,
+    ) -> Result<OneshotWatch<MemEntry>> {
         self.stats.request();
         let mut state = self.store.reach("watch")?;
         let (tx, receiver) = oneshot::channel();
@@ -784,13 +753,10 @@ impl Queue for MemoryBackend {
                 fired: tx,
             });
         }
-        Ok(MemWatch {
-            receiver: Some(receiver),
-            stats: self.stats.clone(),
-        })
+        Ok(OneshotWatch::new(receiver, None, self.stats.clone()))
     }
 
-    async fn delete(&self, _entrant: &MemEntrant, entry: &MemEntry, own: Position) -> Result<()> {
+    async fn delete(&self, _entrant: &PlainEntrant, entry: &MemEntry, own: Position) -> Result<()> {
         let position = own.0;
         self.stats.request();
         let mut state = self.store.reach("delete candidate entry")?;
@@ -808,7 +774,7 @@ impl Queue for MemoryBackend {
 
     async fn delete_if_on_lease(
         &self,
-        _entrant: &MemEntrant,
+        _entrant: &PlainEntrant,
         entry: &MemEntry,
         lease: &MemLease,
     ) -> Result<()> {

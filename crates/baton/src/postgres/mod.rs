@@ -45,7 +45,8 @@ use connect::Connector;
 use crate::backend::{BoxFuture, Connection, Fencer};
 use crate::clock::Clock;
 use crate::driver::{
-    EntryWatch, Fired, LeasePool, Located, Position, Queue, QueueLease, ReadPoint, TokenMemory,
+    Fired, LeasePool, Located, OneshotWatch, PlainEntrant, Position, Queue, QueueLease, ReadPoint,
+    TokenMemory,
 };
 use crate::election::{CandidateSpec, Command, GuardContext, LeaderInfo, Leadership, Observed};
 use crate::error::{Error, Result};
@@ -588,29 +589,25 @@ impl PgBackend {
     async fn create_schema(&self) -> Result<()> {
         const OP: &str = "create schema";
         let mut client = self.pool.get().await?;
-        // A reserved word would need quoting everywhere: refuse it here, in one line.
-        let reserved: bool = bounded(
+        // One look, by name (nothing parsed): is the name a reserved word (it would need
+        // quoting everywhere), does the schema exist, do baton's tables?
+        let look = "SELECT EXISTS (SELECT 1 FROM pg_get_keywords() WHERE word = $1 \
+                    AND catcode <> 'U'), EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1), \
+                    EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = \
+                    c.relnamespace WHERE n.nspname = $1 AND c.relname = 'meta')";
+        let row = bounded(
             &self.stats,
             OP,
-            client.query_typed_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_get_keywords() WHERE word = $1 \
-                 AND catcode <> 'U')",
-                &[p(&self.schema)],
-            ),
+            client.query_typed_one(look, &[p(&self.schema)]),
         )
-        .await?
-        .get(0);
-        if reserved {
+        .await?;
+        if row.get::<_, bool>(0) {
             return Err(Error::InvalidUrl {
                 url: format!("schema={}", self.schema),
                 reason: "a word PostgreSQL reserves; choose another schema name".into(),
             });
         }
-        let exists = format!("SELECT to_regclass('{}.meta') IS NOT NULL", self.schema);
-        let present: bool = bounded(&self.stats, OP, client.query_typed_one(&exists, &[]))
-            .await?
-            .get(0);
-        if !present {
+        if !row.get::<_, bool>(2) {
             let transaction = bounded(&self.stats, OP, client.transaction()).await?;
             bounded(
                 &self.stats,
@@ -621,23 +618,17 @@ impl PgBackend {
                 ),
             )
             .await?;
-            let still_absent: bool =
-                !bounded(&self.stats, OP, transaction.query_typed_one(&exists, &[]))
-                    .await?
-                    .get::<_, bool>(0);
-            if still_absent {
+            // Again under the lock: another first use may have created them meanwhile.
+            let row = bounded(
+                &self.stats,
+                OP,
+                transaction.query_typed_one(look, &[p(&self.schema)]),
+            )
+            .await?;
+            if !row.get::<_, bool>(2) {
                 // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema
                 // exists: a schema made for a role without it must not be created again.
-                let schema_exists: bool = bounded(
-                    &self.stats,
-                    OP,
-                    transaction.query_typed_one(
-                        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
-                        &[p(&self.schema)],
-                    ),
-                )
-                .await?
-                .get(0);
+                let schema_exists: bool = row.get(1);
                 let mut sql = schema_sql(&self.schema, &self.channel);
                 if !schema_exists {
                     sql = format!("CREATE SCHEMA {};\n{sql}", self.schema);
@@ -1030,46 +1021,11 @@ pub(crate) struct PgEntry {
     name: String,
 }
 
-/// One candidacy's place.
-pub(crate) struct PgEntrant {
-    election: String,
-    id: String,
-    serial: u64,
-    value: String,
-}
-
-/// A deletion watch: a notification, or a look at the entry when its session is due.
-pub(crate) struct PgWatch {
-    fired: Option<oneshot::Receiver<Fired<PgEntry>>>,
-    task: tokio::task::JoinHandle<()>,
-    stats: Arc<Stats>,
-}
-
-impl Drop for PgWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl EntryWatch<PgEntry> for PgWatch {
-    async fn fired(&mut self) -> Fired<PgEntry> {
-        let Some(fired) = self.fired.as_mut() else {
-            return std::future::pending().await;
-        };
-        let outcome = fired.await.unwrap_or(Fired::Broken);
-        self.fired = None;
-        if matches!(outcome, Fired::Deleted { .. }) {
-            self.stats.watch_events.fetch_add(1, Ordering::Relaxed);
-        }
-        outcome
-    }
-}
-
 impl Queue for PgBackend {
     type Lease = PgLease;
     type Entry = PgEntry;
-    type Entrant = PgEntrant;
-    type Watch = PgWatch;
+    type Entrant = PlainEntrant;
+    type Watch = OneshotWatch<PgEntry>;
 
     fn stats(&self) -> &Stats {
         &self.stats
@@ -1083,13 +1039,8 @@ impl Queue for PgBackend {
         &self.leases
     }
 
-    fn entrant(&self, spec: &CandidateSpec, serial: u64) -> PgEntrant {
-        PgEntrant {
-            election: spec.election.clone(),
-            id: spec.id.clone(),
-            serial,
-            value: crate::election::entry_value(&spec.id, spec.value.as_deref()),
-        }
+    fn entrant(&self, spec: &CandidateSpec, serial: u64) -> PlainEntrant {
+        PlainEntrant::new(spec, serial)
     }
 
     async fn lease(&self, config: &ElectionConfig) -> Result<Arc<PgLease>> {
@@ -1128,7 +1079,7 @@ impl Queue for PgBackend {
             .await
     }
 
-    fn entry_name(&self, entrant: &PgEntrant, lease: &PgLease) -> PgEntry {
+    fn entry_name(&self, entrant: &PlainEntrant, lease: &PgLease) -> PgEntry {
         PgEntry {
             election: entrant.election.clone(),
             name: format!("{:016x}-{:016x}-{}", lease.id, lease.key, entrant.serial),
@@ -1137,7 +1088,7 @@ impl Queue for PgBackend {
 
     async fn create(
         &self,
-        entrant: &PgEntrant,
+        entrant: &PlainEntrant,
         entry: &PgEntry,
         lease: &PgLease,
     ) -> Result<Position> {
@@ -1243,7 +1194,7 @@ impl Queue for PgBackend {
 
     async fn locate(
         &self,
-        _entrant: &PgEntrant,
+        _entrant: &PlainEntrant,
         entry: &PgEntry,
         own: Position,
     ) -> Result<Located<PgEntry>> {
@@ -1300,7 +1251,11 @@ impl Queue for PgBackend {
         Ok(row.map(|_| ReadPoint(0)))
     }
 
-    async fn watch_deletion(&self, entry: &PgEntry, _after: ReadPoint) -> Result<PgWatch> {
+    async fn watch_deletion(
+        &self,
+        entry: &PgEntry,
+        _after: ReadPoint,
+    ) -> Result<OneshotWatch<PgEntry>> {
         let (tx, fired) = oneshot::channel();
         let (note_tx, note_rx) = oneshot::channel();
         // Until notifications are known to arrive (the LISTEN connection's probe, or its
@@ -1337,14 +1292,10 @@ impl Queue for PgBackend {
         };
         // The first look at once: the entry may be gone already.
         let task = tokio::spawn(looks.run(note_rx, tx));
-        Ok(PgWatch {
-            fired: Some(fired),
-            task,
-            stats: self.stats.clone(),
-        })
+        Ok(OneshotWatch::new(fired, Some(task), self.stats.clone()))
     }
 
-    async fn delete(&self, _entrant: &PgEntrant, entry: &PgEntry, own: Position) -> Result<()> {
+    async fn delete(&self, _entrant: &PlainEntrant, entry: &PgEntry, own: Position) -> Result<()> {
         let sql = format!(
             "DELETE FROM {}.entries WHERE election = $1 AND position = $2 AND name = $3",
             self.schema
@@ -1363,7 +1314,7 @@ impl Queue for PgBackend {
 
     async fn delete_if_on_lease(
         &self,
-        _entrant: &PgEntrant,
+        _entrant: &PlainEntrant,
         entry: &PgEntry,
         lease: &PgLease,
     ) -> Result<()> {
@@ -1558,25 +1509,21 @@ impl Fencer for PgFencer {
         txn: &'a FencedTxn,
         limit: Duration,
     ) -> BoxFuture<'a, Result<FencedTxnResponse>> {
-        Box::pin(async move {
-            let mut client = self.pool.get().await?;
-            run_fenced(
-                &mut client,
-                &self.schema,
-                &self.stats,
-                election,
-                token,
-                txn,
-                limit,
-            )
-            .await
-        })
+        Box::pin(run_fenced(
+            &self.pool,
+            &self.schema,
+            &self.stats,
+            election,
+            token,
+            txn,
+            limit,
+        ))
     }
 }
 
 /// Runs `txn` only while `token` leads `election`, in one database transaction.
 async fn run_fenced(
-    client: &mut Client,
+    pool: &Pool,
     schema: &str,
     stats: &Stats,
     election: &str,
@@ -1585,6 +1532,7 @@ async fn run_fenced(
     limit: Duration,
 ) -> Result<FencedTxnResponse> {
     txn.validate()?;
+    let mut client = pool.get().await?;
     let work = async {
         let transaction = bounded(stats, "fenced transaction", client.transaction()).await?;
         let leads = format!(
@@ -1813,18 +1761,14 @@ impl Connection for PgBackend {
         txn: &'a FencedTxn,
         limit: Duration,
     ) -> BoxFuture<'a, Result<FencedTxnResponse>> {
-        Box::pin(async move {
-            let mut client = self.pool.get().await?;
-            run_fenced(
-                &mut client,
-                &self.schema,
-                &self.stats,
-                election,
-                token,
-                txn,
-                limit,
-            )
-            .await
-        })
+        Box::pin(run_fenced(
+            &self.pool,
+            &self.schema,
+            &self.stats,
+            election,
+            token,
+            txn,
+            limit,
+        ))
     }
 }
