@@ -455,3 +455,44 @@ async fn schemas_made_for_a_role_and_reserved_words() {
         );
     }
 }
+
+/// A read-only role (USAGE on the schema, SELECT on its tables) sees the leader and observes
+/// it: connecting writes nothing it may not, and observing removes expired sessions only when
+/// it may (the README says so).
+#[tokio::test]
+async fn a_read_only_role_reads_and_observes() {
+    let url = format!("{}?schema=baton_test", server());
+    let backend = baton::Backend::connect(&url).await.unwrap();
+    raw(&server())
+        .await
+        .batch_execute(
+            "GRANT USAGE ON SCHEMA baton_test TO baton_readonly; \
+             GRANT SELECT ON ALL TABLES IN SCHEMA baton_test TO baton_readonly",
+        )
+        .await
+        .unwrap();
+    let name = conformance::unique("readonly");
+    let leadership = baton::Election::new(&backend, &name, conformance::config())
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    let readonly = server().replace("baton:baton@", "baton_readonly:readonly@");
+    let reader = baton::Backend::connect(&format!("{readonly}?schema=baton_test"))
+        .await
+        .unwrap_or_else(|error| panic!("a read-only role connects: {error}"));
+    let election = baton::Election::new(&reader, &name, conformance::config()).unwrap();
+    let leader = election.leader().await.unwrap().expect("a leader");
+    assert_eq!(leader.id, "a");
+    let mut observer = election.observe().await.unwrap();
+    let seen = tokio::time::timeout(std::time::Duration::from_secs(3), observer.next())
+        .await
+        .expect("observed within 3s");
+    match seen {
+        Some(baton::Observed::Leader(Some(info))) => assert_eq!(info.id, "a"),
+        other => panic!("a read-only observer saw {other:?}"),
+    }
+    leadership.resign().await;
+    reader.close().await;
+    backend.close().await;
+}

@@ -73,8 +73,9 @@ const POLL_FAST: Duration = Duration::from_millis(250);
 const POLL_SLOW: Duration = Duration::from_secs(5);
 
 /// How long the notification connection's probe may take before notifications are taken not
-/// to arrive.
-const PROBE_WAIT: Duration = Duration::from_secs(2);
+/// to arrive. Generous: a busy database (a storm of campaigns, each notifying) can hold a
+/// notification back for seconds, and until the probe is decided watches poll anyway.
+const PROBE_WAIT: Duration = Duration::from_secs(30);
 
 /// How long connecting waits for that probe (a notification arrives in milliseconds where
 /// they arrive at all; behind a pooler the rest of the wait goes on in the background).
@@ -836,7 +837,8 @@ fn poll_instead(hub: &Mutex<Hub>) {
     let mut hub = hub.lock().unwrap_or_else(|e| e.into_inner());
     hub.polling = true;
     hub.listening = false;
-    // Watches waiting for a notification start again, polling.
+    // Nothing will be dispatched any more: watches registered meanwhile poll already (every
+    // watch made before notifications were known to arrive does).
     hub.deletions.clear();
 }
 
@@ -1383,6 +1385,7 @@ impl WatchLooks {
     ) {
         // The position of the entry, once a look has seen it.
         let mut seen = None;
+        let mut notified = self.notified;
         let mut wait = Some(Duration::ZERO);
         loop {
             let pause = async {
@@ -1392,11 +1395,20 @@ impl WatchLooks {
                 }
             };
             tokio::select! {
-                outcome = &mut note, if self.notified => {
-                    let _ = fired.send(match outcome {
-                        Ok(deleted @ Fired::Deleted { .. }) => deleted,
-                        _ => Fired::Broken,
-                    });
+                outcome = &mut note, if notified => {
+                    match outcome {
+                        // Notifications turned out not to arrive: this watch polls anyway.
+                        Err(_) if self.polling => {
+                            notified = false;
+                            continue;
+                        }
+                        Ok(deleted @ Fired::Deleted { .. }) => {
+                            let _ = fired.send(deleted);
+                        }
+                        _ => {
+                            let _ = fired.send(Fired::Broken);
+                        }
+                    }
                     return;
                 }
                 _ = pause => {}
