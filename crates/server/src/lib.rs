@@ -11,3 +11,5 @@ pub mod proto {
         tonic::include_proto!("etcdserverpb");
     }
 }
+
+pub mod store;

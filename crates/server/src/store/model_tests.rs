@@ -1,0 +1,1 @@
+//! The model-based property test and the decode-anything fuzz test.

@@ -1,0 +1,1 @@
+//! Unit tests: exact responses, revisions and events for each of etcd's rules.
