@@ -23,12 +23,12 @@ pub fn in_range(key: &[u8], range_end: &[u8], candidate: &[u8]) -> bool {
     }
 }
 
+/// A key range as `BTreeMap::range` takes it.
+type KeyBounds<'a> = (Bound<&'a [u8]>, Bound<&'a [u8]>);
+
 /// The bounds of [key, range_end) for a `BTreeMap` lookup, or `None` when nothing matches
 /// (`BTreeMap::range` panics on a start above the end).
-fn key_bounds<'a>(
-    key: &'a [u8],
-    range_end: &'a [u8],
-) -> Option<(Bound<&'a [u8]>, Bound<&'a [u8]>)> {
+fn key_bounds<'a>(key: &'a [u8], range_end: &'a [u8]) -> Option<KeyBounds<'a>> {
     match range_end {
         [] => Some((Bound::Included(key), Bound::Included(key))),
         [0] => Some((Bound::Included(key), Bound::Unbounded)),
