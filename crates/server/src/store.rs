@@ -12,6 +12,8 @@
 //! Events older than [`Store::compact_revision`] are dropped, so memory is bounded by the
 //! history kept plus the live keys.
 
+#![warn(missing_docs)]
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};

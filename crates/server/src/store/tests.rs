@@ -594,7 +594,12 @@ fn lease_grant_rules() {
         grant_of(2, 9_000_000_001),
         StoreError::LeaseTtlTooLarge,
     );
-    // The TTL check comes before the id check, as in etcd.
+    // The TTL check comes before the id checks, as in etcd.
+    assert_rejected(
+        &mut store,
+        grant_of(0, i64::MAX),
+        StoreError::LeaseTtlTooLarge,
+    );
     assert_rejected(
         &mut store,
         grant_of(1, i64::MAX),
@@ -1246,4 +1251,41 @@ fn precheck_matches_apply_for_stateless_faults() {
         store.precheck(&Command::Put(put_leased("a", "", 3))),
         Ok(())
     );
+}
+
+/// 100,000 sessions, each a lease with one key, then every lease revoked: history stays
+/// bounded and the snapshot round trips.
+#[test]
+fn a_hundred_thousand_leases_and_keys() {
+    let mut store = store();
+    let sessions = 100_000i64;
+    for id in 1..=sessions {
+        ok(store.apply(&Command::LeaseGrant {
+            id,
+            ttl_seconds: 60,
+        }));
+        apply_put(&mut store, put_leased(&format!("/s/{id:06}"), "v", id));
+    }
+    assert_eq!(store.key_count(), 100_000);
+    assert!(store.history.len() <= 20_000);
+    let bytes = bincode::serialize(&store).unwrap();
+    assert_eq!(bincode::deserialize::<Store>(&bytes).unwrap(), store);
+    let first = store
+        .range(&RangeRequest {
+            sort_order: SortOrder::Ascend as i32,
+            sort_target: SortTarget::Create as i32,
+            limit: 1,
+            ..get("/s/", "/s0")
+        })
+        .unwrap();
+    assert_eq!(
+        (keys(&first), first.count),
+        (vec!["/s/000001".to_string()], 100_000)
+    );
+    for id in 1..=sessions {
+        ok(store.apply(&Command::LeaseRevoke { id }));
+    }
+    assert_eq!(store.key_count(), 0);
+    assert!(store.leases().is_empty());
+    assert!(store.history.len() <= 20_000);
 }

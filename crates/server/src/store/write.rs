@@ -147,17 +147,18 @@ impl Store {
         }
     }
 
-    /// etcd's lessor `Grant`, in its order: id 0, TTL too large, id taken; a short TTL is
+    /// etcd's `Grant`: TTL too large, id 0 (etcd's server picks an id for 0 before its lessor
+    /// would refuse it, and its gRPC layer checks the TTL first), id taken; a short TTL is
     /// raised to the minimum. Does not change the revision.
     pub(super) fn lease_grant(
         &mut self,
         id: i64,
         ttl_seconds: i64,
     ) -> Result<LeaseGrantResponse, StoreError> {
+        check::lease_ttl(ttl_seconds)?;
         if id == 0 {
             return Err(StoreError::LeaseNotFound);
         }
-        check::lease_ttl(ttl_seconds)?;
         if self.leases.contains_key(&id) {
             return Err(StoreError::LeaseExists);
         }
