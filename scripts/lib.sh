@@ -61,6 +61,37 @@ stop_etcd() {
   if [ -n "${ETCD_DIR:-}" ]; then rm -rf "$ETCD_DIR"; fi
 }
 
+# start_baton_server PORT BINARY: starts `BINARY server` (baton's own etcd-API server) on
+# 127.0.0.1:PORT in a fresh data directory; sets BATON_SERVER_PID and BATON_SERVER_DIR.
+start_baton_server() {
+  local port=$1 binary=$2
+  if port_in_use "$port"; then
+    log "port $port on 127.0.0.1 is already in use; choose a free port (see the top of $0)"
+    exit 1
+  fi
+  BATON_SERVER_DIR=$(mktemp -d /tmp/baton-server.XXXXXX)
+  log "starting baton server on 127.0.0.1:$port (data in $BATON_SERVER_DIR)"
+  mkfifo "$BATON_SERVER_DIR/ready"
+  "$binary" server --listen "127.0.0.1:$port" --data "$BATON_SERVER_DIR/data" \
+    >"$BATON_SERVER_DIR/ready" 2>"$BATON_SERVER_DIR/server.log" &
+  BATON_SERVER_PID=$!
+  local line=""
+  if ! read -r -t 20 line <"$BATON_SERVER_DIR/ready" || [ -z "$line" ]; then
+    log "baton server did not start:"; cat "$BATON_SERVER_DIR/server.log" >&2; exit 1
+  fi
+  # Keep the pipe drained (the server prints nothing more, but must never block on it).
+  cat "$BATON_SERVER_DIR/ready" >/dev/null &
+}
+
+stop_baton_server() {
+  if [ -n "${BATON_SERVER_PID:-}" ]; then
+    kill "$BATON_SERVER_PID" 2>/dev/null || true
+    wait "$BATON_SERVER_PID" 2>/dev/null || true
+    BATON_SERVER_PID=""
+  fi
+  if [ -n "${BATON_SERVER_DIR:-}" ]; then rm -rf "$BATON_SERVER_DIR"; fi
+}
+
 # The Java class path of Debian's ZooKeeper (its jar's manifest names the libraries it needs).
 ZK_CLASSPATH=/usr/share/java/zookeeper.jar
 

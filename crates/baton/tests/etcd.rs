@@ -84,15 +84,9 @@ impl conformance::Rewindable for PrivateEtcd {
 
 conformance_suite!(EtcdUnderTest);
 
-/// Deletes every candidate key of `election` in one revision (one `DeleteRange`), as
-/// `etcdctl del --prefix` would; returns that revision.
+/// Deletes every candidate key of `election` in one revision; returns that revision.
 async fn delete_all_keys(election: &str) -> u64 {
-    let mut client = etcd_client::Client::connect([etcd()], None).await.unwrap();
-    let prefix = format!("/baton-test/{election}/@candidates/");
-    let options = etcd_client::DeleteOptions::new().with_prefix();
-    let response = client.delete(prefix, Some(options)).await.unwrap();
-    assert_eq!(response.deleted(), 2, "the leader's key and the waiter's");
-    response.header().unwrap().revision() as u64
+    etcd_support::delete_all_keys_at(&etcd(), election).await
 }
 
 /// An etcd of this test's own, on free loopback ports, so it can be wiped without disturbing

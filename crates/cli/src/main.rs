@@ -10,6 +10,7 @@ mod guard;
 mod log;
 mod run;
 mod serve;
+mod server;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -50,6 +51,9 @@ enum Command {
     Lab(baton_lab::LabArgs),
     /// Measure handoff, failover, herd behaviour, lease sharing and memory against a backend.
     Bench(bench::BenchArgs),
+    /// Serve the etcd v3 API subset that leases, elections and locks use (baton's own
+    /// coordination server: point `--backend etcd://IP:PORT/prefix` at it).
+    Server(server::ServerArgs),
     /// Internal: the process-group guard started by `baton run`.
     #[command(name = "__guard", hide = true)]
     Guard {
@@ -164,6 +168,17 @@ fn main() -> ExitCode {
         .with_max_level(tracing::Level::WARN)
         .with_target(false)
         .init();
+    let command = match cli.command {
+        Command::Server(args) => {
+            let code = match server::main(args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => exit_code_for(&error),
+            };
+            log::flush(EXIT_FLUSH);
+            return code;
+        }
+        other => other,
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -175,7 +190,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let code = match runtime.block_on(dispatch(cli.command)) {
+    let code = match runtime.block_on(dispatch(command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => exit_code_for(&error),
     };
@@ -244,7 +259,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Lab(args) => {
             baton_lab::run(&args).map_err(|error| UsageError(error.to_string()).into())
         }
-        Command::Guard { .. } | Command::Launch { .. } => {
+        Command::Guard { .. } | Command::Launch { .. } | Command::Server(_) => {
             unreachable!("handled before the runtime starts")
         }
     };

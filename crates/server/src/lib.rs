@@ -1,9 +1,31 @@
 //! baton server: a coordination server speaking the subset of the etcd v3 gRPC API that
 //! leases, elections and locks use, replicated and made durable by openraft.
+//!
+//! The etcd semantics (revisions, keys, leases, watch history) live in the sans-IO
+//! [`store::Store`], which never reads a clock and never does I/O. Around it: the Raft log on
+//! disk with group commit ([`log_store`]), the openraft state machine and snapshots ([`raft`]),
+//! the leader's lease timers ([`lease`]), watchers ([`watch`]) and the gRPC services
+//! ([`service`]). [`start`] runs one member in the current tokio runtime; `baton server` is the
+//! command around it.
+//!
+//! It never expires a lease early: timers live only on the leader, start again in full after a
+//! restart or a change of leader, and a keep-alive that comes after a lease ran out is refused.
+#![warn(missing_docs)]
+
+pub mod lease;
+pub mod log_store;
+mod network;
+mod node;
+pub mod raft;
+pub mod service;
+pub mod store;
+pub mod watch;
+
+pub use node::{start, Node, RunningServer, ServerConfig};
 
 pub mod proto {
     //! The generated etcd v3 API types and gRPC services.
-    #![allow(missing_docs, clippy::all)]
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
     pub mod mvccpb {
         tonic::include_proto!("mvccpb");
     }
@@ -12,4 +34,22 @@ pub mod proto {
     }
 }
 
-pub mod store;
+/// Why a server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The listen address could not be bound (in use, not local, no permission).
+    #[error("cannot listen on {0}: {1}")]
+    Listen(std::net::SocketAddr, #[source] std::io::Error),
+    /// The data directory could not be created, opened, read or written.
+    #[error("data directory {path}: {1}", path = .0.display())]
+    Data(std::path::PathBuf, #[source] std::io::Error),
+    /// A setting is out of range.
+    #[error("invalid setting: {0}")]
+    Config(String),
+    /// The Raft node failed to start or to elect itself.
+    #[error("raft: {0}")]
+    Raft(String),
+    /// Serving stopped with an error.
+    #[error("serving stopped: {0}")]
+    Serve(String),
+}

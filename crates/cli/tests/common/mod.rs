@@ -9,13 +9,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Which backend the process tests run against: etcd by default, or the one named by
-/// `BATON_TEST_BACKEND` (`etcd`, `zookeeper`); `scripts/test` runs the fault tests on each, so
-/// every backend meets the same fault tests.
+/// `BATON_TEST_BACKEND` (`etcd`, `zookeeper`, `postgres`, `server` for baton's own server);
+/// `scripts/test` runs the fault tests on each, so every backend meets the same fault tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TestBackend {
     Etcd,
     ZooKeeper,
     Postgres,
+    /// `baton server`, through the etcd backend.
+    Server,
 }
 
 pub fn backend() -> TestBackend {
@@ -23,7 +25,31 @@ pub fn backend() -> TestBackend {
         Err(_) | Ok("etcd") => TestBackend::Etcd,
         Ok("zookeeper") => TestBackend::ZooKeeper,
         Ok("postgres") => TestBackend::Postgres,
-        Ok(other) => panic!("BATON_TEST_BACKEND={other:?}: expected etcd, zookeeper or postgres"),
+        Ok("server") => TestBackend::Server,
+        Ok(other) => {
+            panic!("BATON_TEST_BACKEND={other:?}: expected etcd, zookeeper, postgres or server")
+        }
+    }
+}
+
+/// Whether the backend under test speaks the etcd API (etcd itself or `baton server`).
+pub fn speaks_etcd() -> bool {
+    matches!(backend(), TestBackend::Etcd | TestBackend::Server)
+}
+
+/// The `baton server` under test (`scripts/test` starts one).
+pub fn baton_server() -> String {
+    std::env::var("BATON_TEST_SERVER").expect(
+        "BATON_TEST_SERVER is not set: run the tests with scripts/test, which starts a baton \
+         server",
+    )
+}
+
+/// `host:port` of the etcd API under test: etcd, or `baton server`.
+pub fn etcd_api() -> String {
+    match backend() {
+        TestBackend::Server => baton_server(),
+        _ => etcd(),
     }
 }
 
@@ -54,13 +80,14 @@ pub fn server() -> String {
         TestBackend::Etcd => etcd(),
         TestBackend::ZooKeeper => zookeeper(),
         TestBackend::Postgres => postgres(),
+        TestBackend::Server => baton_server(),
     }
 }
 
 /// The backend URL of the tests, reaching the server at `endpoint` (a proxy, say).
 pub fn url_at(endpoint: &str) -> String {
     match backend() {
-        TestBackend::Etcd => format!("etcd://{endpoint}{ROOT}"),
+        TestBackend::Etcd | TestBackend::Server => format!("etcd://{endpoint}{ROOT}"),
         TestBackend::ZooKeeper => format!("zk://{endpoint}{ROOT}"),
         TestBackend::Postgres => {
             format!("postgres://baton:baton@{endpoint}/baton?schema={PG_SCHEMA}")
@@ -148,10 +175,10 @@ pub fn signal(pid: i32, signal: libc::c_int) {
 /// Deletes every entry of `election` behind baton's back, as an operator would.
 pub fn delete_election_keys(election: &str) {
     match backend() {
-        TestBackend::Etcd => {
+        TestBackend::Etcd | TestBackend::Server => {
             let status = Command::new("etcdctl")
                 .env("ETCDCTL_API", "3")
-                .args(["--endpoints", &etcd(), "del", "--prefix"])
+                .args(["--endpoints", &etcd_api(), "del", "--prefix"])
                 .arg(format!("{ROOT}/{election}/"))
                 .stdout(Stdio::null())
                 .status()
@@ -167,10 +194,10 @@ pub fn delete_election_keys(election: &str) {
 /// would: the leader loses, the waiters stay queued.
 pub fn delete_leader_key(election: &str) {
     match backend() {
-        TestBackend::Etcd => {
+        TestBackend::Etcd | TestBackend::Server => {
             let output = Command::new("etcdctl")
                 .env("ETCDCTL_API", "3")
-                .args(["--endpoints", &etcd(), "get", "--prefix", "--keys-only"])
+                .args(["--endpoints", &etcd_api(), "get", "--prefix", "--keys-only"])
                 .args(["--sort-by=CREATE", "--order=ASCEND", "--limit=1"])
                 .arg(format!("{ROOT}/{election}/"))
                 .output()
@@ -179,7 +206,7 @@ pub fn delete_leader_key(election: &str) {
             let key = key.lines().next().expect("the election has a leader key");
             let status = Command::new("etcdctl")
                 .env("ETCDCTL_API", "3")
-                .args(["--endpoints", &etcd(), "del", key])
+                .args(["--endpoints", &etcd_api(), "del", key])
                 .stdout(Stdio::null())
                 .status()
                 .unwrap();

@@ -1,0 +1,555 @@
+//! `baton server` as a process: Debian's etcdctl against it, restarts with the same data
+//! directory, kill -9 in the middle of a write load, and bad input.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{baton, scratch, signal, wait_for};
+
+/// A `baton server` process of this test's own.
+struct ServerProcess {
+    child: Option<Child>,
+    addr: String,
+    data: PathBuf,
+}
+
+impl ServerProcess {
+    /// Starts a server on `listen` (port 0: a free one) over `data`.
+    fn start(listen: &str, data: &Path) -> ServerProcess {
+        let mut child = baton()
+            .args(["server", "--listen", listen, "--data"])
+            .arg(data)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let ready: serde_json::Value = match serde_json::from_str(&line) {
+            Ok(ready) => ready,
+            Err(_) => {
+                let _ = child.kill();
+                let output = child.wait_with_output().unwrap();
+                panic!(
+                    "baton server did not start: {line:?} {}",
+                    String::from_utf8_lossy(&output.stderr)
+                )
+            }
+        };
+        ServerProcess {
+            child: Some(child),
+            addr: ready["listening"].as_str().unwrap().to_string(),
+            data: data.to_path_buf(),
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// SIGTERM and wait: a clean stop.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(child.id() as i32, libc::SIGTERM);
+            let status = child.wait().unwrap();
+            assert!(status.success(), "baton server exited with {status}");
+        }
+    }
+
+    /// SIGKILL and reap: a crash.
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// Starts again on the same address and data directory.
+    fn restart(&mut self) {
+        assert!(self.child.is_none());
+        *self = ServerProcess::start(&self.addr, &self.data);
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn etcdctl(server: &ServerProcess) -> Command {
+    let mut command = Command::new("etcdctl");
+    command
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &server.addr, "--command-timeout=5s"]);
+    command
+}
+
+/// Runs etcdctl; returns stdout, failing the test on a non-zero exit.
+fn ctl(server: &ServerProcess, args: &[&str]) -> String {
+    let output = etcdctl(server)
+        .args(args)
+        .output()
+        .expect("etcdctl (from etcd-client) must be installed; scripts/test installs it");
+    assert!(
+        output.status.success(),
+        "etcdctl {args:?}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Runs etcdctl expecting failure; returns stderr.
+fn ctl_fails(server: &ServerProcess, args: &[&str]) -> String {
+    let output = etcdctl(server).args(args).output().unwrap();
+    assert!(!output.status.success(), "etcdctl {args:?} succeeded");
+    String::from_utf8(output.stderr).unwrap()
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn revision_of(server: &ServerProcess) -> i64 {
+    json(&ctl(server, &["get", "nothing-here", "-w", "json"]))["header"]["revision"]
+        .as_i64()
+        .unwrap()
+}
+
+#[test]
+fn etcdctl_put_get_delete_and_past_revisions() {
+    let dir = scratch("server-kv");
+    let server = ServerProcess::start("127.0.0.1:0", &dir);
+    assert_eq!(
+        revision_of(&server),
+        1,
+        "an empty store is at revision 1, as etcd"
+    );
+    assert_eq!(ctl(&server, &["put", "/app/a", "1"]), "OK\n");
+    assert_eq!(ctl(&server, &["put", "/app/b", "2"]), "OK\n");
+    assert_eq!(ctl(&server, &["put", "/app/a", "3"]), "OK\n");
+    assert_eq!(ctl(&server, &["get", "/app/a"]), "/app/a\n3\n");
+    assert_eq!(
+        ctl(&server, &["get", "--prefix", "/app/"]),
+        "/app/a\n3\n/app/b\n2\n"
+    );
+    let a = json(&ctl(&server, &["get", "/app/a", "-w", "json"]));
+    assert_eq!(a["kvs"][0]["create_revision"], 2);
+    assert_eq!(a["kvs"][0]["mod_revision"], 4);
+    assert_eq!(a["kvs"][0]["version"], 2);
+    assert_eq!(a["header"]["revision"], 4);
+    // The value at an older revision, sorted and limited reads, counts.
+    assert_eq!(ctl(&server, &["get", "/app/a", "--rev=2"]), "/app/a\n1\n");
+    assert_eq!(
+        ctl(
+            &server,
+            &[
+                "get",
+                "--prefix",
+                "/app/",
+                "--sort-by=MODIFY",
+                "--order=DESCEND",
+                "--limit=1"
+            ]
+        ),
+        "/app/a\n3\n"
+    );
+    let counted = json(&ctl(
+        &server,
+        &["get", "--prefix", "/app/", "--limit=1", "-w", "json"],
+    ));
+    assert_eq!(counted["count"], 2);
+    assert_eq!(counted["more"], true);
+    assert_eq!(
+        ctl(&server, &["get", "--prefix", "/app/", "--keys-only"]),
+        "/app/a\n\n/app/b\n\n"
+    );
+    assert_eq!(ctl(&server, &["del", "--prefix", "/app/"]), "2\n");
+    assert_eq!(ctl(&server, &["get", "--prefix", "/app/"]), "");
+    // A future revision and a compacted one are errors, as on etcd.
+    let future = ctl_fails(&server, &["get", "/app/a", "--rev=1000"]);
+    assert!(
+        future.contains("required revision is a future revision"),
+        "{future}"
+    );
+    ctl(&server, &["compaction", "4"]);
+    let compacted = ctl_fails(&server, &["get", "/app/a", "--rev=3"]);
+    assert!(
+        compacted.contains("required revision has been compacted"),
+        "{compacted}"
+    );
+}
+
+#[test]
+fn etcdctl_txn_compares_and_branches() {
+    let dir = scratch("server-txn");
+    let server = ServerProcess::start("127.0.0.1:0", &dir);
+    ctl(&server, &["put", "k", "v1"]);
+    let txn = |script: &str| {
+        let mut child = etcdctl(&server)
+            .args(["txn"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success());
+        String::from_utf8(output.stdout).unwrap()
+    };
+    // compares, blank line, success ops, blank line, failure ops, blank line.
+    let out = txn("value(\"k\") = \"v1\"\n\nput k v2\nput other x\n\nput k failed\n\n");
+    assert!(out.starts_with("SUCCESS"), "{out}");
+    assert_eq!(ctl(&server, &["get", "k", "--print-value-only"]), "v2\n");
+    let out = txn("value(\"k\") = \"v1\"\n\nput k v3\n\nget k\n\n");
+    assert!(out.starts_with("FAILURE"), "{out}");
+    assert!(out.contains("k\nv2"), "{out}");
+    let out = txn("create(\"missing\") = \"0\"\nversion(\"k\") > \"1\"\n\ndel k\n\n\n");
+    assert!(out.starts_with("SUCCESS"), "{out}");
+    assert_eq!(ctl(&server, &["get", "k"]), "");
+    // Both writes of the first txn share one revision.
+    let other = json(&ctl(&server, &["get", "other", "-w", "json"]));
+    assert_eq!(other["kvs"][0]["mod_revision"], 3);
+}
+
+#[test]
+fn etcdctl_leases_grant_keep_alive_revoke() {
+    let dir = scratch("server-lease");
+    let server = ServerProcess::start("127.0.0.1:0", &dir);
+    let granted = ctl(&server, &["lease", "grant", "30"]);
+    // "lease 694d77b7a4a3d00b granted with TTL(30s)"
+    let id = granted.split_whitespace().nth(1).unwrap().to_string();
+    assert!(granted.contains("granted with TTL(30s)"), "{granted}");
+    ctl(&server, &["put", "--lease", &id, "leased", "x"]);
+    let ttl = ctl(&server, &["lease", "timetolive", &id, "--keys"]);
+    assert!(ttl.contains("granted with TTL(30s)"), "{ttl}");
+    assert!(ttl.contains("attached keys([leased])"), "{ttl}");
+    assert!(ctl(&server, &["lease", "list"]).contains(&id));
+    let kept = ctl(&server, &["lease", "keep-alive", "--once", &id]);
+    assert!(kept.contains("keepalived with TTL(30)"), "{kept}");
+    let revoked = ctl(&server, &["lease", "revoke", &id]);
+    assert!(revoked.contains("revoked"), "{revoked}");
+    assert_eq!(ctl(&server, &["get", "leased"]), "");
+    let gone = ctl(&server, &["lease", "timetolive", &id]);
+    assert!(gone.contains("already expired"), "{gone}");
+    let unknown = ctl_fails(&server, &["lease", "revoke", "1234"]);
+    assert!(unknown.contains("requested lease not found"), "{unknown}");
+}
+
+/// A lease nobody keeps alive expires at its TTL (1 s here), taking its keys with it.
+#[test]
+fn a_lease_expires_at_its_ttl() {
+    let dir = scratch("server-expiry");
+    let server = ServerProcess::start("127.0.0.1:0", &dir);
+    let granted = ctl(&server, &["lease", "grant", "1"]);
+    let id = granted.split_whitespace().nth(1).unwrap().to_string();
+    ctl(&server, &["put", "--lease", &id, "short", "x"]);
+    let start = Instant::now();
+    wait_for("the leased key to go", Duration::from_secs(5), || {
+        ctl(&server, &["get", "short"]).is_empty().then_some(())
+    });
+    assert!(
+        start.elapsed() >= Duration::from_millis(800),
+        "expired early"
+    );
+}
+
+#[test]
+fn etcdctl_watch_live_and_from_a_past_revision() {
+    let dir = scratch("server-watch");
+    let server = ServerProcess::start("127.0.0.1:0", &dir);
+    ctl(&server, &["put", "/w/a", "1"]);
+    ctl(&server, &["put", "/w/b", "2"]);
+    // From revision 2: the history first, then what happens next.
+    let mut watch = etcdctl(&server)
+        .args(["watch", "--prefix", "/w/", "--rev=2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut next = || lines.next().unwrap().unwrap();
+    assert_eq!([next(), next(), next()], ["PUT", "/w/a", "1"]);
+    assert_eq!([next(), next(), next()], ["PUT", "/w/b", "2"]);
+    ctl(&server, &["del", "/w/a"]);
+    // etcdctl prints a deletion's (empty) value too.
+    assert_eq!([next(), next(), next()], ["DELETE", "/w/a", ""]);
+    ctl(&server, &["put", "/w/c", "3"]);
+    assert_eq!([next(), next(), next()], ["PUT", "/w/c", "3"]);
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+}
+
+#[test]
+fn etcdctl_lock_and_elect() {
+    let dir = scratch("server-lock");
+    let server = ServerProcess::start("127.0.0.1:0", &dir);
+    // The first holder keeps the lock while its command runs; the second waits for it.
+    let marker = dir.join("order");
+    let hold = |name: &str, seconds: &str| {
+        etcdctl(&server)
+            .args(["lock", "the-lock", "--", "sh", "-c"])
+            .arg(format!(
+                "echo {name} start >> {m}; sleep {seconds}; echo {name} end >> {m}",
+                m = marker.display()
+            ))
+            .spawn()
+            .unwrap()
+    };
+    let mut first = hold("first", "1");
+    wait_for("the first holder", Duration::from_secs(5), || {
+        std::fs::read_to_string(&marker)
+            .ok()
+            .filter(|s| s.contains("first start"))
+    });
+    let mut second = hold("second", "0");
+    assert!(first.wait().unwrap().success());
+    assert!(second.wait().unwrap().success());
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap(),
+        "first start\nfirst end\nsecond start\nsecond end\n"
+    );
+    // An election: a candidate leads; an observer sees its proposal.
+    let mut candidate = etcdctl(&server)
+        .args(["elect", "the-election", "proposal-a"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut led = BufReader::new(candidate.stdout.take().unwrap()).lines();
+    let key = led.next().unwrap().unwrap();
+    assert!(key.starts_with("the-election/"), "{key}");
+    assert_eq!(led.next().unwrap().unwrap(), "proposal-a");
+    let mut observer = etcdctl(&server)
+        .args(["elect", "--listen", "the-election"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = BufReader::new(observer.stdout.take().unwrap()).lines();
+    assert_eq!(seen.next().unwrap().unwrap(), key);
+    assert_eq!(seen.next().unwrap().unwrap(), "proposal-a");
+    for child in [&mut candidate, &mut observer] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
+
+#[test]
+fn etcdctl_endpoint_status_and_member_list() {
+    let dir = scratch("server-status");
+    let server = ServerProcess::start("127.0.0.1:0", &dir);
+    let status = json(&ctl(&server, &["endpoint", "status", "-w", "json"]));
+    let status = &status[0]["Status"];
+    assert!(
+        status["version"]
+            .as_str()
+            .unwrap()
+            .starts_with("3.4.0-baton"),
+        "{status}"
+    );
+    let member = status["header"]["member_id"].as_u64().unwrap();
+    assert_eq!(status["leader"].as_u64().unwrap(), member);
+    assert!(status["raftIndex"].as_u64().unwrap() >= 1);
+    let members = json(&ctl(&server, &["member", "list", "-w", "json"]));
+    let members = members["members"].as_array().unwrap();
+    assert_eq!(members.len(), 1);
+    assert_eq!(members[0]["ID"].as_u64().unwrap(), member);
+    assert_eq!(
+        members[0]["clientURLs"][0].as_str().unwrap(),
+        format!("http://{}", server.addr)
+    );
+}
+
+/// A restart with the same data directory keeps keys, revisions and leases; a surviving lease
+/// starts again with its full TTL.
+#[test]
+fn restart_keeps_keys_revisions_and_leases() {
+    let dir = scratch("server-restart");
+    let mut server = ServerProcess::start("127.0.0.1:0", &dir);
+    for i in 0..50 {
+        ctl(&server, &["put", &format!("/r/{i:02}"), &i.to_string()]);
+    }
+    let granted = ctl(&server, &["lease", "grant", "20"]);
+    let id = granted.split_whitespace().nth(1).unwrap().to_string();
+    ctl(&server, &["put", "--lease", &id, "/r/leased", "x"]);
+    let before = revision_of(&server);
+    // Let some of the TTL go by first.
+    std::thread::sleep(Duration::from_secs(2));
+    server.stop();
+    server.restart();
+    assert_eq!(revision_of(&server), before);
+    let all = json(&ctl(
+        &server,
+        &["get", "--prefix", "/r/", "--limit=1", "-w", "json"],
+    ));
+    assert_eq!(all["count"], 51);
+    assert_eq!(ctl(&server, &["get", "/r/07", "--print-value-only"]), "7\n");
+    let ttl = ctl(&server, &["lease", "timetolive", &id]);
+    assert!(
+        ttl.contains("remaining(19s)") || ttl.contains("remaining(20s)"),
+        "a surviving lease restarts with its full TTL: {ttl}"
+    );
+    ctl(&server, &["put", "/r/after", "y"]);
+    assert_eq!(revision_of(&server), before + 1, "revisions continue");
+}
+
+/// kill -9 in the middle of a write load: after a restart every acknowledged write is there.
+#[test]
+fn kill_9_loses_no_acknowledged_write() {
+    let dir = scratch("server-kill9");
+    let mut server = ServerProcess::start("127.0.0.1:0", &dir);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = server.addr.clone();
+    // 16 writers, each putting its own key with an increasing counter; each remembers the last
+    // counter the server acknowledged.
+    let acknowledged: Vec<_> = (0..16)
+        .map(|writer| {
+            let addr = addr.clone();
+            runtime.spawn(async move {
+                let mut client = etcd_client::Client::connect([addr], None).await.unwrap();
+                let mut last = None;
+                for counter in 0u64.. {
+                    let put = client.put(format!("/load/{writer}"), counter.to_string(), None);
+                    match tokio::time::timeout(Duration::from_secs(2), put).await {
+                        Ok(Ok(_)) => last = Some(counter),
+                        _ => break,
+                    }
+                }
+                last
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(700));
+    server.kill9();
+    let acknowledged: Vec<Option<u64>> = acknowledged
+        .into_iter()
+        .map(|writer| runtime.block_on(writer).unwrap())
+        .collect();
+    server.restart();
+    let mut total = 0;
+    for (writer, last) in acknowledged.iter().enumerate() {
+        let Some(last) = last else { continue };
+        total += last + 1;
+        let value = ctl(
+            &server,
+            &["get", &format!("/load/{writer}"), "--print-value-only"],
+        );
+        let stored: u64 = value.trim().parse().unwrap();
+        // The last acknowledged write, or a later one whose answer the kill cut off.
+        assert!(
+            stored >= *last,
+            "writer {writer}: acknowledged {last}, found {stored}"
+        );
+    }
+    assert!(
+        total > 100,
+        "the load wrote too little to mean anything: {total}"
+    );
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let dir = scratch("server-bad");
+    let server = ServerProcess::start("127.0.0.1:0", &dir);
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "--listen".into(),
+                server.addr.clone(),
+                "--data".into(),
+                dir.join("other").display().to_string(),
+            ],
+            "cannot listen on",
+        ),
+        (
+            vec![
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--data".into(),
+                dir.display().to_string(),
+            ],
+            "in use by another baton server",
+        ),
+        (
+            vec![
+                "--listen".into(),
+                "nonsense".into(),
+                "--data".into(),
+                "x".into(),
+            ],
+            "invalid value 'nonsense'",
+        ),
+        (
+            vec![
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--data".into(),
+                "/proc/baton".into(),
+            ],
+            "data directory /proc/baton",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = baton().arg("server").args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+/// Garbage on the gRPC port and oversized requests get errors, not a crash.
+#[test]
+fn malformed_and_oversized_requests_are_refused() {
+    let dir = scratch("server-malformed");
+    let server = ServerProcess::start("127.0.0.1:0", &dir);
+    // Not HTTP/2 at all.
+    let mut stream = std::net::TcpStream::connect(&server.addr).unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\x01\x02garbage")
+        .unwrap();
+    drop(stream);
+    // Values above etcd's request limit (1.5 MiB): one within gRPC's framing allowance gets
+    // etcd's own answer, a larger one gRPC's.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for size in [1600 * 1024, 3 * 1024 * 1024] {
+        let refused = runtime.block_on(async {
+            let mut client = etcd_client::Client::connect([&server.addr], None)
+                .await
+                .unwrap();
+            client.put("big", vec![b'x'; size], None).await.unwrap_err()
+        });
+        let refused = refused.to_string();
+        assert!(
+            refused.contains("request is too large")
+                || refused.contains("message length too large"),
+            "{size}: {refused}"
+        );
+    }
+    // An empty key.
+    let empty = ctl_fails(&server, &["put", "", "v"]);
+    assert!(
+        empty.contains("key is not provided") || empty.contains("put command needs"),
+        "{empty}"
+    );
+    // Still serving.
+    assert_eq!(ctl(&server, &["put", "after", "ok"]), "OK\n");
+    assert!(common::alive(server.pid() as u64));
+}

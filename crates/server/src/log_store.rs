@@ -1,0 +1,407 @@
+//! The Raft log on disk: redb for durability, a copy of the unpurged log in memory for reads,
+//! and one writer thread that makes every write durable with group commit.
+//!
+//! `append` returns as soon as the entries are in memory (openraft's contract) and hands them to
+//! the writer thread. That thread takes everything queued since its last commit, writes it in one
+//! redb transaction and commits it with an fsync, then reports every write in the batch as
+//! flushed. So 64 clients writing at once share fsyncs instead of queueing behind one each, and
+//! nothing is acknowledged before it is on disk (openraft answers a client only after the
+//! entry's flush is reported and the entry is applied).
+
+// openraft's storage traits return its `StorageError`, large as it is.
+#![allow(clippy::result_large_err)]
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, StorageError, Vote};
+use redb::{Database, Durability, ReadableTable, TableDefinition};
+use tokio::sync::oneshot;
+
+use crate::raft::TypeConfig;
+
+/// Log entries by index, each encoded with bincode.
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+/// Vote, last purged log id, committed log id, cluster id: bincode-encoded under fixed names.
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+const META_VOTE: &str = "vote";
+const META_PURGED: &str = "last_purged";
+const META_COMMITTED: &str = "committed";
+
+type NodeId = u64;
+type Result<T> = std::result::Result<T, StorageError<NodeId>>;
+
+/// What the unpurged log looks like; shared by the store and its readers.
+#[derive(Default)]
+struct Cached {
+    entries: BTreeMap<u64, Entry<TypeConfig>>,
+    last_purged: Option<LogId<NodeId>>,
+    vote: Option<Vote<NodeId>>,
+    committed: Option<LogId<NodeId>>,
+}
+
+/// One write for the writer thread, in the order openraft issued it.
+enum Write {
+    Append(Vec<(u64, Vec<u8>)>, Option<LogFlushed<TypeConfig>>),
+    Truncate(u64, oneshot::Sender<io::Result<()>>),
+    Purge(LogId<NodeId>),
+    Vote(Vec<u8>, oneshot::Sender<io::Result<()>>),
+    Committed(Vec<u8>),
+}
+
+/// The Raft log and vote, durable in `DIR/raft.redb`.
+#[derive(Clone)]
+pub struct LogStore {
+    cached: Arc<Mutex<Cached>>,
+    writer: mpsc::Sender<Write>,
+}
+
+/// Reads the in-memory copy of the unpurged log.
+#[derive(Clone)]
+pub struct LogReader {
+    cached: Arc<Mutex<Cached>>,
+}
+
+impl LogStore {
+    /// Opens (or creates) the log in `db`, loading the unpurged entries into memory, and starts
+    /// the writer thread.
+    pub fn open(db: Arc<Database>) -> io::Result<LogStore> {
+        let cached = load(&db)?;
+        let (writer, queue) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("baton-raft-log".into())
+            .spawn(move || write_loop(&db, &queue))?;
+        Ok(LogStore {
+            cached: Arc::new(Mutex::new(cached)),
+            writer,
+        })
+    }
+
+    fn send(&self, write: Write) -> Result<()> {
+        self.writer.send(write).map_err(|_| {
+            io_error(
+                ErrorSubject::Logs,
+                ErrorVerb::Write,
+                io::Error::other("the log writer stopped"),
+            )
+        })
+    }
+
+    fn cached(&self) -> std::sync::MutexGuard<'_, Cached> {
+        self.cached.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Opens the redb database behind a data directory; one process at a time (redb locks it).
+pub fn open_database(path: &Path) -> io::Result<Database> {
+    Database::create(path).map_err(|e| match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!(
+                "{} is in use by another baton server (one server per data directory)",
+                path.display()
+            ),
+        ),
+        other => io::Error::other(format!("cannot open {}: {other}", path.display())),
+    })
+}
+
+fn load(db: &Database) -> io::Result<Cached> {
+    let txn = db.begin_write().map_err(io::Error::other)?;
+    {
+        // Create both tables on first use, so that reads below find them.
+        txn.open_table(LOG).map_err(io::Error::other)?;
+        txn.open_table(META).map_err(io::Error::other)?;
+    }
+    txn.commit().map_err(io::Error::other)?;
+    let txn = db.begin_read().map_err(io::Error::other)?;
+    let mut cached = Cached::default();
+    let log = txn.open_table(LOG).map_err(io::Error::other)?;
+    for item in log.iter().map_err(io::Error::other)? {
+        let (index, bytes) = item.map_err(io::Error::other)?;
+        let entry: Entry<TypeConfig> = decode(bytes.value())?;
+        cached.entries.insert(index.value(), entry);
+    }
+    let meta = txn.open_table(META).map_err(io::Error::other)?;
+    let read = |name: &str| -> io::Result<Option<Vec<u8>>> {
+        Ok(meta
+            .get(name)
+            .map_err(io::Error::other)?
+            .map(|v| v.value().to_vec()))
+    };
+    if let Some(bytes) = read(META_VOTE)? {
+        cached.vote = Some(decode(&bytes)?);
+    }
+    if let Some(bytes) = read(META_PURGED)? {
+        cached.last_purged = Some(decode(&bytes)?);
+    }
+    if let Some(bytes) = read(META_COMMITTED)? {
+        cached.committed = decode::<Option<LogId<NodeId>>>(&bytes)?;
+    }
+    Ok(cached)
+}
+
+/// The writer thread: commit everything queued since the last commit in one transaction.
+fn write_loop(db: &Database, queue: &mpsc::Receiver<Write>) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while let Ok(next) = queue.try_recv() {
+            batch.push(next);
+        }
+        let result = commit(db, &batch).map_err(|e| e.to_string());
+        for write in batch {
+            let outcome = result.clone().map_err(io::Error::other);
+            match write {
+                Write::Append(_, Some(flushed)) => flushed.log_io_completed(outcome),
+                Write::Truncate(_, done) | Write::Vote(_, done) => {
+                    let _ = done.send(outcome);
+                }
+                Write::Append(_, None) | Write::Purge(_) | Write::Committed(_) => {}
+            }
+        }
+        if let Err(error) = result {
+            // A log that cannot be written cannot be trusted to hold what it acknowledged;
+            // openraft turns the reported error into a fatal stop of this member.
+            tracing::error!(%error, "the Raft log could not be written");
+        }
+    }
+}
+
+fn commit(db: &Database, batch: &[Write]) -> io::Result<()> {
+    let mut txn = db.begin_write().map_err(redb_io)?;
+    // Only batches that acknowledge something need an fsync; the committed index alone can
+    // wait for the next one (openraft re-derives it after a crash).
+    let durable = batch
+        .iter()
+        .any(|w| !matches!(w, Write::Purge(_) | Write::Committed(_)));
+    txn.set_durability(if durable {
+        Durability::Immediate
+    } else {
+        Durability::Eventual
+    });
+    {
+        let mut log = txn.open_table(LOG).map_err(redb_io)?;
+        let mut meta = txn.open_table(META).map_err(redb_io)?;
+        for write in batch {
+            match write {
+                Write::Append(entries, _) => {
+                    for (index, bytes) in entries {
+                        log.insert(*index, bytes.as_slice()).map_err(redb_io)?;
+                    }
+                }
+                Write::Truncate(since, _) => {
+                    log.retain_in(*since.., |_, _| false).map_err(redb_io)?;
+                }
+                Write::Purge(upto) => {
+                    log.retain_in(..=upto.index, |_, _| false)
+                        .map_err(redb_io)?;
+                    meta.insert(META_PURGED, encode(upto).as_slice())
+                        .map_err(redb_io)?;
+                }
+                Write::Vote(bytes, _) => {
+                    meta.insert(META_VOTE, bytes.as_slice()).map_err(redb_io)?;
+                }
+                Write::Committed(bytes) => {
+                    meta.insert(META_COMMITTED, bytes.as_slice())
+                        .map_err(redb_io)?;
+                }
+            }
+        }
+    }
+    txn.commit().map_err(redb_io)
+}
+
+/// redb's many error types as one I/O error (the writer reports them, it does not branch on them).
+fn redb_io(error: impl Into<redb::Error>) -> io::Error {
+    io::Error::other(error.into())
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    // Serializing plain data into a Vec cannot fail.
+    bincode::serialize(value).expect("bincode serializes plain data")
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> io::Result<T> {
+    bincode::deserialize(bytes).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("corrupt Raft log record: {e}"),
+        )
+    })
+}
+
+fn io_error(
+    subject: ErrorSubject<NodeId>,
+    verb: ErrorVerb,
+    error: io::Error,
+) -> StorageError<NodeId> {
+    StorageError::from_io_error(subject, verb, error)
+}
+
+async fn wait(
+    done: oneshot::Receiver<io::Result<()>>,
+    subject: ErrorSubject<NodeId>,
+) -> Result<()> {
+    let outcome = done
+        .await
+        .unwrap_or_else(|_| Err(io::Error::other("the log writer stopped")));
+    outcome.map_err(|e| io_error(subject, ErrorVerb::Write, e))
+}
+
+fn read_range<RB: RangeBounds<u64>>(cached: &Cached, range: RB) -> Vec<Entry<TypeConfig>> {
+    let start = range.start_bound().cloned();
+    let end = range.end_bound().cloned();
+    if let (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) =
+        (start, end)
+    {
+        if s > e {
+            return Vec::new();
+        }
+    }
+    cached
+        .entries
+        .range((start, end))
+        .map(|(_, e)| e.clone())
+        .collect()
+}
+
+impl RaftLogReader<TypeConfig> for LogReader {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>> {
+        let cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(read_range(&cached, range))
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>> {
+        Ok(read_range(&self.cached(), range))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogReader;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>> {
+        let cached = self.cached();
+        let last = cached
+            .entries
+            .values()
+            .next_back()
+            .map(|e| e.log_id)
+            .or(cached.last_purged);
+        Ok(LogState {
+            last_purged_log_id: cached.last_purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> LogReader {
+        LogReader {
+            cached: self.cached.clone(),
+        }
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<()> {
+        self.cached().vote = Some(*vote);
+        let (done, wait_for) = oneshot::channel();
+        self.send(Write::Vote(encode(vote), done))?;
+        // A vote is spoken only once it is durable: wait until the writer committed it.
+        wait(wait_for, ErrorSubject::Vote).await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>> {
+        Ok(self.cached().vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
+        self.cached().committed = committed;
+        self.send(Write::Committed(encode(&committed)))
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>> {
+        Ok(self.cached().committed)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut encoded = Vec::new();
+        {
+            let mut cached = self.cached();
+            for entry in entries {
+                encoded.push((entry.log_id.index, encode(&entry)));
+                cached.entries.insert(entry.log_id.index, entry);
+            }
+        }
+        self.send(Write::Append(encoded, Some(callback)))
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<()> {
+        self.cached().entries.split_off(&log_id.index);
+        let (done, wait_for) = oneshot::channel();
+        self.send(Write::Truncate(log_id.index, done))?;
+        wait(wait_for, ErrorSubject::Logs).await
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<()> {
+        {
+            let mut cached = self.cached();
+            cached.last_purged = Some(log_id);
+            let keep = cached.entries.split_off(&(log_id.index + 1));
+            cached.entries = keep;
+        }
+        self.send(Write::Purge(log_id))
+    }
+}
+
+/// Who this data directory belongs to: chosen at random when the directory is created.
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Identity {
+    /// The etcd cluster id in response headers.
+    pub cluster_id: u64,
+    /// This member's id (Raft node id and etcd member id).
+    pub member_id: u64,
+}
+
+const META_IDENTITY: &str = "identity";
+
+/// Reads this data directory's identity, creating it on first use.
+pub fn identity(db: &Database) -> io::Result<Identity> {
+    let txn = db.begin_write().map_err(io::Error::other)?;
+    let identity = {
+        let mut meta = txn.open_table(META).map_err(io::Error::other)?;
+        let existing = meta
+            .get(META_IDENTITY)
+            .map_err(io::Error::other)?
+            .map(|v| v.value().to_vec());
+        match existing {
+            Some(bytes) => decode(&bytes)?,
+            None => {
+                // Nonzero: etcd clients treat member id 0 as "none".
+                let identity = Identity {
+                    cluster_id: rand::random::<u64>() | 1,
+                    member_id: rand::random::<u64>() | 1,
+                };
+                meta.insert(META_IDENTITY, encode(&identity).as_slice())
+                    .map_err(io::Error::other)?;
+                identity
+            }
+        }
+    };
+    txn.commit().map_err(io::Error::other)?;
+    Ok(identity)
+}

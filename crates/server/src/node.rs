@@ -1,0 +1,355 @@
+//! One member: the Raft node, its applied state, lease timers, and the running gRPC server.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy, StoredMembership};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::Status;
+
+use crate::lease::LeaseKeeper;
+use crate::log_store::{self, LogStore};
+use crate::network::Network;
+use crate::proto::etcdserverpb::ResponseHeader;
+use crate::raft::{self, lock, Core, NodeId, Reply, SharedCore, StateMachine, TypeConfig};
+use crate::store::{Command, Store, StoreConfig};
+use crate::watch::WatchHub;
+use crate::{service, ServerError};
+
+/// How a server runs.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Where clients connect (port 0: any free port; see [`RunningServer::addr`]).
+    pub listen: SocketAddr,
+    /// The data directory: Raft log, snapshots, member identity. Created if missing.
+    pub data_dir: PathBuf,
+    /// Revisions of history kept for watches and reads at past revisions.
+    pub history_revisions: i64,
+    /// A snapshot is taken after this many log entries (and the log before it purged).
+    pub snapshot_every: u64,
+    /// How often idle watchers that asked for progress notifications get one.
+    pub progress_interval: Duration,
+}
+
+impl ServerConfig {
+    /// Defaults for everything but where to listen and where to keep data.
+    pub fn new(listen: SocketAddr, data_dir: impl Into<PathBuf>) -> ServerConfig {
+        ServerConfig {
+            listen,
+            data_dir: data_dir.into(),
+            history_revisions: 10_000,
+            snapshot_every: 10_000,
+            // etcd's default.
+            progress_interval: Duration::from_secs(600),
+        }
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), ServerError> {
+        if self.history_revisions < 1 {
+            return Err(ServerError::Config(
+                "history must keep at least 1 revision".into(),
+            ));
+        }
+        if self.snapshot_every < 1 {
+            return Err(ServerError::Config(
+                "snapshots need an interval of at least 1 entry".into(),
+            ));
+        }
+        if self.progress_interval.is_zero() {
+            return Err(ServerError::Config(
+                "the progress interval must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the gRPC services share.
+pub struct Node {
+    /// This member's id (also its etcd member id).
+    pub id: NodeId,
+    /// The Raft handle.
+    pub raft: Raft<TypeConfig>,
+    /// The applied state.
+    pub core: SharedCore,
+    /// Lease timers.
+    pub leases: Arc<LeaseKeeper>,
+    /// The settings it runs with.
+    pub config: ServerConfig,
+    /// Where clients reach it.
+    pub client_url: String,
+    /// Numbers watch streams.
+    pub next_stream: Mutex<u64>,
+}
+
+impl Node {
+    /// A response header at the current revision.
+    pub fn header(&self) -> ResponseHeader {
+        let core = lock(&self.core);
+        core.header(core.store.revision())
+    }
+
+    /// Puts `command` through the log and waits until it is applied.
+    pub async fn propose(&self, command: Command) -> Result<Reply, Status> {
+        match self.raft.client_write(command).await {
+            Ok(written) => Ok(written.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                Err(Status::unavailable("etcdserver: not leader"))
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                Err(Status::failed_precondition(format!("etcdserver: {e}")))
+            }
+            Err(RaftError::Fatal(e)) => Err(Status::unavailable(format!(
+                "etcdserver: server stopped: {e}"
+            ))),
+        }
+    }
+
+    /// Waits until a read may be served from the local store and still see every write
+    /// acknowledged before it began (Raft's read index).
+    pub async fn linearizable(&self) -> Result<(), Status> {
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map(|_| ())
+            .map_err(|e| Status::unavailable(format!("etcdserver: {e}")))
+    }
+
+    /// A number for a new watch stream.
+    pub fn stream_id(&self) -> u64 {
+        let mut next = self.next_stream.lock().unwrap_or_else(|e| e.into_inner());
+        *next += 1;
+        *next
+    }
+}
+
+/// How long a stopping server waits for open streams to end.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
+
+/// A started server.
+pub struct RunningServer {
+    addr: SocketAddr,
+    node: Arc<Node>,
+    shutdown: Option<oneshot::Sender<()>>,
+    serving: JoinHandle<Result<(), tonic::transport::Error>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningServer {
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The member's id.
+    pub fn member_id(&self) -> NodeId {
+        self.node.id
+    }
+
+    /// Stops serving and stops the Raft node; every acknowledged write is already durable.
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        // A graceful stop waits for open requests, and watch and keep-alive streams stay open
+        // as long as their clients want: give them a moment, then stop accepting regardless.
+        let served = match tokio::time::timeout(SHUTDOWN_GRACE, &mut self.serving).await {
+            Ok(served) => served,
+            Err(_) => {
+                self.serving.abort();
+                Ok(Ok(()))
+            }
+        };
+        for task in &self.tasks {
+            task.abort();
+        }
+        let _ = self.node.raft.shutdown().await;
+        match served {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ServerError::Serve(e.to_string())),
+            Err(e) => Err(ServerError::Serve(e.to_string())),
+        }
+    }
+
+    /// Waits until the server stops serving (it does not on its own, short of a fatal error).
+    pub async fn wait(&mut self) -> Result<(), ServerError> {
+        match (&mut self.serving).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ServerError::Serve(e.to_string())),
+            Err(e) => Err(ServerError::Serve(e.to_string())),
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.serving.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Starts a single-member server: opens (or creates) the data directory, replays it, elects
+/// itself, and serves the etcd v3 API on `config.listen`.
+pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
+    config.validate()?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| ServerError::Listen(config.listen, e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServerError::Listen(config.listen, e))?;
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| ServerError::Data(config.data_dir.clone(), e))?;
+    let data = |e| ServerError::Data(config.data_dir.clone(), e);
+    let db = Arc::new(log_store::open_database(&config.data_dir.join("raft.redb")).map_err(data)?);
+    let identity = log_store::identity(&db).map_err(data)?;
+    let store_config = StoreConfig {
+        history_revisions: config.history_revisions,
+        ..StoreConfig::default()
+    };
+    let raft::Restored {
+        store,
+        applied,
+        membership,
+    } = match raft::load_snapshot(&config.data_dir).map_err(data)? {
+        Some(restored) => restored,
+        None => raft::Restored {
+            store: Store::new(store_config),
+            applied: None,
+            membership: StoredMembership::default(),
+        },
+    };
+    let leases = Arc::new(LeaseKeeper::default());
+    // A restart gives every surviving lease a full TTL: a live holder is never expired early.
+    leases.reset_all(&store.leases());
+    let core: SharedCore = Arc::new(Mutex::new(Core {
+        store,
+        applied,
+        membership,
+        watches: WatchHub::default(),
+        header: ResponseHeader {
+            cluster_id: identity.cluster_id,
+            member_id: identity.member_id,
+            revision: 0,
+            raft_term: 0,
+        },
+    }));
+    let log = LogStore::open(db).map_err(data)?;
+    let state_machine = StateMachine::new(core.clone(), leases.clone(), &config.data_dir);
+    let raft_config = openraft::Config {
+        cluster_name: "baton".into(),
+        heartbeat_interval: 100,
+        election_timeout_min: 300,
+        election_timeout_max: 600,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+        max_in_snapshot_log_to_keep: 1_000,
+        ..openraft::Config::default()
+    }
+    .validate()
+    .map_err(|e| ServerError::Config(e.to_string()))?;
+    let raft = Raft::new(
+        identity.member_id,
+        Arc::new(raft_config),
+        Network,
+        log,
+        state_machine,
+    )
+    .await
+    .map_err(|e| ServerError::Raft(e.to_string()))?;
+    let client_url = format!("http://{addr}");
+    if !raft
+        .is_initialized()
+        .await
+        .map_err(|e| ServerError::Raft(e.to_string()))?
+    {
+        let members = BTreeMap::from([(identity.member_id, BasicNode::new(addr.to_string()))]);
+        raft.initialize(members)
+            .await
+            .map_err(|e| ServerError::Raft(e.to_string()))?;
+    }
+    raft.wait(Some(Duration::from_secs(10)))
+        .state(ServerState::Leader, "elect itself")
+        .await
+        .map_err(|e| ServerError::Raft(format!("the member did not become leader: {e}")))?;
+    let node = Arc::new(Node {
+        id: identity.member_id,
+        raft,
+        core,
+        leases,
+        config,
+        client_url,
+        next_stream: Mutex::new(0),
+    });
+    let tasks = vec![spawn_expiry(node.clone()), spawn_term_watch(node.clone())];
+    let (shutdown, stopped) = oneshot::channel();
+    let serving = tokio::spawn(service::serve(node.clone(), listener, async {
+        let _ = stopped.await;
+    }));
+    Ok(RunningServer {
+        addr,
+        node,
+        shutdown: Some(shutdown),
+        serving,
+        tasks,
+    })
+}
+
+/// Proposes a revoke for every lease the keeper finds expired, while this member leads.
+fn spawn_expiry(node: Arc<Node>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let leases = node.leases.clone();
+        let metrics = node.raft.metrics();
+        let proposer = node.clone();
+        leases
+            .run(
+                || metrics.borrow().state == ServerState::Leader,
+                move |id| {
+                    let node = proposer.clone();
+                    tokio::spawn(async move {
+                        if let Err(status) = node.propose(Command::LeaseRevoke { id }).await {
+                            // The lease is out of the timers either way; a member that becomes
+                            // leader times every lease again from the store.
+                            tracing::warn!(lease = id, %status, "could not revoke an expired lease");
+                        }
+                    });
+                },
+            )
+            .await;
+    })
+}
+
+/// Keeps the term in response headers current, and restarts every lease's TTL when this member
+/// becomes leader.
+fn spawn_term_watch(node: Arc<Node>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut metrics = node.raft.metrics();
+        let mut leading = false;
+        loop {
+            let (term, is_leader) = {
+                let m = metrics.borrow_and_update();
+                (m.current_term, m.state == ServerState::Leader)
+            };
+            {
+                let mut core = lock(&node.core);
+                core.header.raft_term = term;
+                if is_leader && !leading {
+                    let all = core.store.leases();
+                    node.leases.reset_all(&all);
+                }
+            }
+            leading = is_leader;
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+}

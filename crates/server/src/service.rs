@@ -1,0 +1,600 @@
+//! The etcd v3 gRPC services: KV, Lease, Watch, Cluster (MemberList) and Maintenance (Status).
+//!
+//! Writes go through the Raft log ([`Node::propose`]); reads are served from the applied store
+//! after a read-index check (or at once when the client asked for a serializable read). Errors
+//! carry etcd's gRPC codes and messages, so that etcd's clients recognise them.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::Stream;
+use prost::Message;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::node::Node;
+use crate::proto::etcdserverpb::cluster_server::{Cluster, ClusterServer};
+use crate::proto::etcdserverpb::kv_server::{Kv, KvServer};
+use crate::proto::etcdserverpb::lease_server::{Lease, LeaseServer};
+use crate::proto::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
+use crate::proto::etcdserverpb::watch_request::RequestUnion;
+use crate::proto::etcdserverpb::watch_server::{Watch, WatchServer};
+use crate::proto::etcdserverpb::*;
+use crate::raft::{lock, Reply};
+use crate::store::{Command, CommandResponse, StoreError};
+use crate::watch::{self, stream_queue, StreamSink, WatcherId};
+
+/// etcd's limit on one request (`--max-request-bytes` default).
+pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// What gRPC accepts before a request is refused: the request limit plus etcd's allowance for
+/// framing, so that an oversized request gets etcd's own "request is too large" answer.
+const MAX_MESSAGE_BYTES: usize = MAX_REQUEST_BYTES + 512 * 1024;
+/// What `Maintenance.Status` reports as the version: the etcd API this server speaks.
+pub const VERSION: &str = concat!("3.4.0-baton.", env!("CARGO_PKG_VERSION"));
+
+/// Serves every service on `listener` until `shutdown` completes.
+pub async fn serve(
+    node: Arc<Node>,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let service = Service { node };
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(KvServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(LeaseServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(WatchServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(ClusterServer::new(service.clone()))
+        .add_service(MaintenanceServer::new(service))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}
+
+#[derive(Clone)]
+struct Service {
+    node: Arc<Node>,
+}
+
+/// etcd's gRPC status for a store rejection.
+pub fn status(error: &StoreError) -> Status {
+    use tonic::Code;
+    let code = match error {
+        StoreError::KeyNotProvided
+        | StoreError::DuplicateKey
+        | StoreError::TooManyOperations
+        | StoreError::KeyNotFound
+        | StoreError::ValueProvided
+        | StoreError::LeaseProvided
+        | StoreError::InvalidSortOption
+        | StoreError::InvalidCompare
+        | StoreError::TxnTooDeep => Code::InvalidArgument,
+        StoreError::LeaseNotFound => Code::NotFound,
+        StoreError::LeaseExists => Code::FailedPrecondition,
+        StoreError::LeaseTtlTooLarge => Code::OutOfRange,
+        StoreError::Compacted { .. } | StoreError::FutureRevision => Code::OutOfRange,
+    };
+    Status::new(code, error.to_string())
+}
+
+fn too_large(command: &Command) -> Result<(), Status> {
+    let size = match command {
+        Command::Put(r) => r.encoded_len(),
+        Command::DeleteRange(r) => r.encoded_len(),
+        Command::Txn(r) => r.encoded_len(),
+        _ => 0,
+    };
+    if size > MAX_REQUEST_BYTES {
+        return Err(Status::invalid_argument("etcdserver: request is too large"));
+    }
+    Ok(())
+}
+
+impl Service {
+    /// Proposes `command` and returns its response with a header at the revision it made.
+    async fn write(&self, command: Command) -> Result<(CommandResponse, ResponseHeader), Status> {
+        too_large(&command)?;
+        // What is wrong whatever the state never takes a place in the log.
+        lock(&self.node.core)
+            .store
+            .precheck(&command)
+            .map_err(|e| status(&e))?;
+        let Reply { revision, result } = self.node.propose(command).await?;
+        let response = result
+            .ok_or_else(|| Status::internal("a command gave no result"))?
+            .map_err(|e| status(&e))?;
+        let header = lock(&self.node.core).header(revision);
+        Ok((response, header))
+    }
+}
+
+/// Proposes a command and answers with its response (of the given variant), headed.
+macro_rules! respond {
+    ($service:expr, $command:expr, $variant:ident) => {
+        match $service.write($command).await? {
+            (CommandResponse::$variant(mut response), header) => {
+                response.header = Some(header);
+                Ok(Response::new(response))
+            }
+            (other, _) => Err(unexpected(&other)),
+        }
+    };
+}
+
+fn unexpected(response: &CommandResponse) -> Status {
+    Status::internal(format!(
+        "a command gave an unexpected response: {response:?}"
+    ))
+}
+
+#[tonic::async_trait]
+impl Kv for Service {
+    async fn range(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Response<RangeResponse>, Status> {
+        let request = request.into_inner();
+        if !request.serializable {
+            self.node.linearizable().await?;
+        }
+        let core = lock(&self.node.core);
+        let mut response = core.store.range(&request).map_err(|e| status(&e))?;
+        response.header = Some(core.header(core.store.revision()));
+        Ok(Response::new(response))
+    }
+
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        respond!(self, Command::Put(request.into_inner()), Put)
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        respond!(
+            self,
+            Command::DeleteRange(request.into_inner()),
+            DeleteRange
+        )
+    }
+
+    async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        match self.write(Command::Txn(request.into_inner())).await? {
+            (CommandResponse::Txn(mut r), header) => {
+                fill_txn_headers(&mut r, header);
+                Ok(Response::new(r))
+            }
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    async fn compact(
+        &self,
+        request: Request<CompactionRequest>,
+    ) -> Result<Response<CompactionResponse>, Status> {
+        let revision = request.into_inner().revision;
+        respond!(self, Command::Compact { revision }, Compact)
+    }
+}
+
+/// etcd puts a header on every response inside a txn too.
+fn fill_txn_headers(response: &mut TxnResponse, header: ResponseHeader) {
+    use crate::proto::etcdserverpb::response_op::Response as Op;
+    response.header = Some(header);
+    for op in &mut response.responses {
+        match &mut op.response {
+            Some(Op::ResponseRange(r)) => r.header = Some(header),
+            Some(Op::ResponsePut(r)) => r.header = Some(header),
+            Some(Op::ResponseDeleteRange(r)) => r.header = Some(header),
+            Some(Op::ResponseTxn(r)) => fill_txn_headers(r, header),
+            None => {}
+        }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The largest TTL etcd grants (its `MaxLeaseTTL`).
+const MAX_LEASE_TTL_SECONDS: i64 = 9_000_000_000;
+
+#[tonic::async_trait]
+impl Lease for Service {
+    async fn lease_grant(
+        &self,
+        request: Request<LeaseGrantRequest>,
+    ) -> Result<Response<LeaseGrantResponse>, Status> {
+        let request = request.into_inner();
+        if request.ttl > MAX_LEASE_TTL_SECONDS {
+            return Err(Status::out_of_range("etcdserver: too large lease TTL"));
+        }
+        if request.id < 0 {
+            return Err(Status::invalid_argument(
+                "etcdserver: lease ID must be positive",
+            ));
+        }
+        // The id is chosen here, before the log: applying must be deterministic.
+        let id = if request.id == 0 {
+            self.fresh_lease_id()
+        } else {
+            request.id
+        };
+        respond!(
+            self,
+            Command::LeaseGrant {
+                id,
+                ttl_seconds: request.ttl,
+            },
+            LeaseGrant
+        )
+    }
+
+    async fn lease_revoke(
+        &self,
+        request: Request<LeaseRevokeRequest>,
+    ) -> Result<Response<LeaseRevokeResponse>, Status> {
+        let id = request.into_inner().id;
+        respond!(self, Command::LeaseRevoke { id }, LeaseRevoke)
+    }
+
+    type LeaseKeepAliveStream = BoxStream<LeaseKeepAliveResponse>;
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<Streaming<LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        let node = self.node.clone();
+        let inbound = request.into_inner();
+        let stream = futures_util::stream::unfold(inbound, move |mut inbound| {
+            let node = node.clone();
+            async move {
+                let request = match inbound.message().await {
+                    Ok(Some(request)) => request,
+                    Ok(None) => return None,
+                    Err(status) => return Some((Err(status), inbound)),
+                };
+                // Renewals are the leader's business and never go through the log; a lease
+                // that ran out (or never was) gets TTL 0, as etcd answers.
+                let ttl = node.leases.keep_alive(request.id).unwrap_or(0);
+                let response = LeaseKeepAliveResponse {
+                    header: Some(node.header()),
+                    id: request.id,
+                    ttl,
+                };
+                Some((Ok(response), inbound))
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let request = request.into_inner();
+        self.node.linearizable().await?;
+        let core = lock(&self.node.core);
+        let header = Some(core.header(core.store.revision()));
+        let (Some(lease), Some(remaining)) = (
+            core.store.lease(request.id),
+            self.node.leases.remaining(request.id),
+        ) else {
+            // etcd answers an unknown lease with TTL -1, not an error.
+            return Ok(Response::new(LeaseTimeToLiveResponse {
+                header,
+                id: request.id,
+                ttl: -1,
+                ..LeaseTimeToLiveResponse::default()
+            }));
+        };
+        Ok(Response::new(LeaseTimeToLiveResponse {
+            header,
+            id: request.id,
+            // Whole seconds left, rounded down: a client never believes it has longer.
+            ttl: i64::try_from(remaining.as_secs()).unwrap_or(i64::MAX),
+            granted_ttl: lease.ttl_seconds,
+            keys: if request.keys { lease.keys } else { Vec::new() },
+        }))
+    }
+
+    async fn lease_leases(
+        &self,
+        _request: Request<LeaseLeasesRequest>,
+    ) -> Result<Response<LeaseLeasesResponse>, Status> {
+        self.node.linearizable().await?;
+        let core = lock(&self.node.core);
+        let leases = core
+            .store
+            .leases()
+            .into_iter()
+            .map(|(id, _)| LeaseStatus { id })
+            .collect();
+        Ok(Response::new(LeaseLeasesResponse {
+            header: Some(core.header(core.store.revision())),
+            leases,
+        }))
+    }
+}
+
+impl Service {
+    fn fresh_lease_id(&self) -> i64 {
+        let core = lock(&self.node.core);
+        loop {
+            // Positive and nonzero, like etcd's.
+            let id = (rand::random::<u64>() >> 1) as i64;
+            if id != 0 && core.store.lease(id).is_none() {
+                return id;
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Watch for Service {
+    type WatchStream = BoxStream<WatchResponse>;
+
+    async fn watch(
+        &self,
+        request: Request<Streaming<WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let stream = self.node.stream_id();
+        let (sink, source) = stream_queue();
+        let node = self.node.clone();
+        let inbound = request.into_inner();
+        let reader = tokio::spawn(read_watch_requests(node.clone(), stream, sink, inbound));
+        let outgoing = futures_util::stream::unfold(
+            (
+                source,
+                StreamGuard {
+                    node,
+                    stream,
+                    reader,
+                },
+            ),
+            |(mut source, guard)| async move {
+                let response = source.next().await?;
+                Some((Ok(response), (source, guard)))
+            },
+        );
+        Ok(Response::new(Box::pin(outgoing)))
+    }
+}
+
+/// Ends a watch stream's request reader and watchers when its response stream is dropped (the
+/// client went away).
+struct StreamGuard {
+    node: Arc<Node>,
+    stream: u64,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.reader.abort();
+        lock(&self.node.core).watches.remove_stream(self.stream);
+    }
+}
+
+async fn read_watch_requests(
+    node: Arc<Node>,
+    stream: u64,
+    sink: StreamSink,
+    mut inbound: Streaming<WatchRequest>,
+) {
+    let mut progress = tokio::time::interval(node.config.progress_interval);
+    progress.tick().await;
+    loop {
+        tokio::select! {
+            message = inbound.message() => match message {
+                Ok(Some(WatchRequest { request_union: Some(request) })) => {
+                    handle_watch_request(&node, stream, &sink, request);
+                }
+                Ok(Some(WatchRequest { request_union: None })) => {}
+                Ok(None) | Err(_) => break,
+            },
+            _ = progress.tick() => {
+                let core = &mut *lock(&node.core);
+                let header = core.header(core.store.revision());
+                for watch_id in core.watches.take_idle_progress(stream) {
+                    sink.send(WatchResponse { header: Some(header), watch_id, ..WatchResponse::default() });
+                }
+            }
+        }
+    }
+    lock(&node.core).watches.remove_stream(stream);
+}
+
+fn handle_watch_request(node: &Node, stream: u64, sink: &StreamSink, request: RequestUnion) {
+    let mut core = lock(&node.core);
+    let header = core.header(core.store.revision());
+    match request {
+        RequestUnion::CreateRequest(create) => {
+            let watch_id = if create.watch_id != 0 {
+                create.watch_id
+            } else {
+                // etcd numbers a stream's watches from 0, skipping ids in use.
+                (0..)
+                    .find(|&id| !core.watches.contains(WatcherId { stream, watch: id }))
+                    .unwrap_or(0)
+            };
+            let id = WatcherId {
+                stream,
+                watch: watch_id,
+            };
+            if create.watch_id < 0 || core.watches.contains(id) {
+                sink.send(WatchResponse {
+                    header: Some(header),
+                    watch_id,
+                    created: true,
+                    canceled: true,
+                    cancel_reason: "etcdserver: duplicate watch ID".into(),
+                    ..WatchResponse::default()
+                });
+                return;
+            }
+            sink.send(WatchResponse {
+                header: Some(header),
+                watch_id,
+                created: true,
+                ..WatchResponse::default()
+            });
+            let current = core.store.revision();
+            let start_revision = if create.start_revision <= 0 {
+                current + 1
+            } else {
+                create.start_revision
+            };
+            let watcher = watch::Watcher {
+                key: create.key.clone(),
+                range_end: create.range_end.clone(),
+                start_revision,
+                prev_kv: create.prev_kv,
+                no_put: create
+                    .filters
+                    .contains(&(watch_create_request::FilterType::Noput as i32)),
+                no_delete: create
+                    .filters
+                    .contains(&(watch_create_request::FilterType::Nodelete as i32)),
+                progress_notify: create.progress_notify,
+                sent_since_progress: false,
+                sink: sink.clone(),
+            };
+            if start_revision <= current {
+                match core
+                    .store
+                    .events_since(&create.key, &create.range_end, start_revision)
+                {
+                    Ok(events) => send_history(sink, &header, watch_id, &watcher.select(&events)),
+                    Err(StoreError::Compacted { compact_revision }) => {
+                        sink.send(WatchResponse {
+                            header: Some(header),
+                            watch_id,
+                            canceled: true,
+                            compact_revision,
+                            cancel_reason: "etcdserver: mvcc: required revision has been compacted"
+                                .into(),
+                            ..WatchResponse::default()
+                        });
+                        return;
+                    }
+                    Err(other) => {
+                        sink.send(watch::cancelled(&header, watch_id, &other.to_string()));
+                        return;
+                    }
+                }
+            }
+            core.watches.insert(id, watcher);
+        }
+        RequestUnion::CancelRequest(cancel) => {
+            let id = WatcherId {
+                stream,
+                watch: cancel.watch_id,
+            };
+            if core.watches.remove(id) {
+                sink.send(WatchResponse {
+                    header: Some(header),
+                    watch_id: cancel.watch_id,
+                    canceled: true,
+                    ..WatchResponse::default()
+                });
+            }
+        }
+        RequestUnion::ProgressRequest(_) => {
+            // A stream-wide progress report: etcd marks it with watch id -1.
+            sink.send(WatchResponse {
+                header: Some(header),
+                watch_id: -1,
+                ..WatchResponse::default()
+            });
+        }
+    }
+}
+
+/// Past events, one response per revision at most [`HISTORY_BATCH`] events long.
+fn send_history(
+    sink: &StreamSink,
+    header: &ResponseHeader,
+    watch_id: i64,
+    events: &[crate::proto::mvccpb::Event],
+) {
+    const HISTORY_BATCH: usize = 1_000;
+    let revision_of =
+        |e: &crate::proto::mvccpb::Event| e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+    let mut start = 0;
+    while start < events.len() {
+        // Whole revisions per response, unless one revision alone is larger than a batch.
+        let mut end = (start + HISTORY_BATCH).min(events.len());
+        if end < events.len() {
+            let boundary = revision_of(&events[end]);
+            let mut cut = end;
+            while cut > start && revision_of(&events[cut - 1]) == boundary {
+                cut -= 1;
+            }
+            if cut > start {
+                end = cut;
+            }
+        }
+        sink.send(WatchResponse {
+            header: Some(*header),
+            watch_id,
+            events: events[start..end].to_vec(),
+            ..WatchResponse::default()
+        });
+        start = end;
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for Service {
+    async fn member_list(
+        &self,
+        _request: Request<MemberListRequest>,
+    ) -> Result<Response<MemberListResponse>, Status> {
+        let core = lock(&self.node.core);
+        let members = core
+            .membership
+            .membership()
+            .nodes()
+            .map(|(id, node)| Member {
+                id: *id,
+                name: format!("baton-{id:x}"),
+                peer_ur_ls: Vec::new(),
+                client_ur_ls: vec![if *id == self.node.id {
+                    self.node.client_url.clone()
+                } else {
+                    format!("http://{}", node.addr)
+                }],
+                is_learner: false,
+            })
+            .collect();
+        Ok(Response::new(MemberListResponse {
+            header: Some(core.header(core.store.revision())),
+            members,
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl Maintenance for Service {
+    async fn status(
+        &self,
+        _request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let metrics = self.node.raft.metrics().borrow().clone();
+        let db_size = std::fs::metadata(self.node.config.data_dir.join("raft.redb"))
+            .map(|m| i64::try_from(m.len()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        let header = self.node.header();
+        Ok(Response::new(StatusResponse {
+            header: Some(header),
+            version: VERSION.to_string(),
+            db_size,
+            leader: metrics.current_leader.unwrap_or(0),
+            raft_index: metrics.last_log_index.unwrap_or(0),
+            raft_term: metrics.current_term,
+            raft_applied_index: metrics.last_applied.map_or(0, |id| id.index),
+            errors: Vec::new(),
+            db_size_in_use: db_size,
+            is_learner: false,
+        }))
+    }
+}
