@@ -6,6 +6,7 @@
 
 mod bench;
 mod containment;
+mod demo;
 mod guard;
 mod log;
 mod run;
@@ -50,6 +51,12 @@ enum Command {
     Lab(baton_lab::LabArgs),
     /// Measure handoff, failover, herd behaviour, lease sharing and memory against a backend.
     Bench(bench::BenchArgs),
+    /// The main job, end to end: five `baton run` candidates write to a fenced store while
+    /// the leader is killed, paused and stopped; a live view, a summary and an HTML report.
+    Demo(demo::DemoArgs),
+    /// Internal: the job of a `baton demo` candidate (writes to the demo's fenced store).
+    #[command(name = "__demo-worker", hide = true)]
+    DemoWorker(demo::WorkerArgs),
     /// Internal: the process-group guard started by `baton run`.
     #[command(name = "__guard", hide = true)]
     Guard {
@@ -148,6 +155,8 @@ fn main() -> ExitCode {
     match &cli.command {
         Command::Guard { command } => guard::main(command),
         Command::Launch { command } => guard::launch(command),
+        // A plain blocking loop: no runtime, no panic hook, nothing of the supervisor's.
+        Command::DemoWorker(args) => return demo::store::worker(&args.store),
         _ => {}
     }
     // A panic must not unwind past the supervisor's clean-up into a half-dead process: abort,
@@ -241,10 +250,11 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Leader(target) => leader(target).await,
         Command::Observe(target) => observe(target).await,
         Command::Bench(args) => bench::bench(args).await,
+        Command::Demo(args) => demo::demo(args).await,
         Command::Lab(args) => {
             baton_lab::run(&args).map_err(|error| UsageError(error.to_string()).into())
         }
-        Command::Guard { .. } | Command::Launch { .. } => {
+        Command::Guard { .. } | Command::Launch { .. } | Command::DemoWorker(_) => {
             unreachable!("handled before the runtime starts")
         }
     };
