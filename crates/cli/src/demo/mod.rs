@@ -285,8 +285,16 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     }
     if let Some(url) = &args.backend {
         // Bad URLs are bad input, told before anything starts.
-        if let Err(error) = baton::BackendUrl::parse(url) {
-            return Err(UsageError(error.to_string()).into());
+        match baton::BackendUrl::parse(url) {
+            Err(error) => return Err(UsageError(error.to_string()).into()),
+            Ok(baton::BackendUrl::Memory { .. }) => {
+                return Err(UsageError(format!(
+                    "--backend {url}: memory:// lives inside one process; the candidates are \
+                     processes of their own and need a shared backend such as etcd://"
+                ))
+                .into())
+            }
+            Ok(_) => {}
         }
     }
     listen_for_stop()?;
@@ -362,7 +370,7 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         Err(error) => {
             if let Some(Ok(())) = wrote {
                 log::line(&format!(
-                    "baton: demo: the report of the failed demo is in {}",
+                    "baton: demo: the report so far is in {}",
                     args.report.display()
                 ));
             }
@@ -800,6 +808,9 @@ impl Demo {
         let me = std::process::id() as i32;
         // A process stopped mid-demo cannot act on SIGTERM until it runs again.
         containment::signal_tree(me, libc::SIGCONT, None);
+        if self.candidates.iter().any(|c| c.child.is_some()) {
+            self.t.event("— SIGTERM every remaining candidate".into());
+        }
         for (index, candidate) in self.candidates.iter().enumerate() {
             if candidate.child.is_some() {
                 candidate.signal(libc::SIGTERM);
@@ -817,6 +828,8 @@ impl Demo {
                     if row.fate == Fate::Stopping {
                         row.fate = Fate::Stopped;
                     }
+                    let id = row.id.clone();
+                    self.t.event(format!("{id}: baton run exited ({status})"));
                 }
             }
             self.view.draw(&self.t);

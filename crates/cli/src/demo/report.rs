@@ -220,6 +220,26 @@ pub fn timeline_svg(t: &Timeline) -> String {
             term.start.as_secs_f64(),
             end.as_secs_f64()
         );
+        // After kill -9 or SIGSTOP the backend still names the holder until its lease runs
+        // out, but no job of it runs (or it is frozen): drawn paler, so the chart shows the
+        // TTL a failover costs.
+        let hit = t.faults.iter().find(|f| {
+            f.id == term.id
+                && matches!(f.kind, FaultKind::Kill9 | FaultKind::Stop)
+                && f.at > term.start
+                && f.at < end
+        });
+        if let Some(fault) = hit {
+            let xf = x(fault.at);
+            let _ = write!(
+                svg,
+                "<rect x=\"{xf:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"14\" fill=\"#a9dfbf\"><title>{}'s lease (token {}) still held after {}: no job acts for it until it runs out</title></rect>",
+                (x1 - xf).max(1.0),
+                escape(&term.id),
+                term.token,
+                if fault.kind == FaultKind::Kill9 { "kill -9" } else { "SIGSTOP" }
+            );
+        }
         let label = term.token.to_string();
         if width > 6.5 * label.len() as f64 + 6.0 {
             let _ = write!(
@@ -241,21 +261,32 @@ pub fn timeline_svg(t: &Timeline) -> String {
     }
     for fault in &t.faults {
         let (fx, y) = (x(fault.at), row_y(t.row(&fault.id)));
-        let (color, label, dash) = match fault.kind {
-            FaultKind::Kill9 => ("#000", "kill -9", ""),
-            FaultKind::Stop => ("#8e44ad", "SIGSTOP", ""),
-            FaultKind::ContWorker => ("#8e44ad", "SIGCONT job", " stroke-dasharray=\"3,2\""),
-            FaultKind::ContRest => ("#8e44ad", "SIGCONT rest", ""),
-            FaultKind::Term => ("#2471a3", "SIGTERM", ""),
+        // The two SIGCONTs come milliseconds apart: the job's label goes left of its line.
+        let (color, label, what, dash, left) = match fault.kind {
+            FaultKind::Kill9 => ("#000", "kill -9", "baton run", "", false),
+            FaultKind::Stop => ("#8e44ad", "SIGSTOP", "job, guard and baton run", "", false),
+            FaultKind::ContWorker => (
+                "#8e44ad",
+                "SIGCONT job",
+                "the job only",
+                " stroke-dasharray=\"3,2\"",
+                true,
+            ),
+            FaultKind::ContRest => ("#8e44ad", "SIGCONT guard", "guard and baton run", "", false),
+            FaultKind::Term => ("#2471a3", "SIGTERM", "baton run", "", false),
+        };
+        let (tx, anchor) = if left {
+            (fx - 3.0, "end")
+        } else {
+            (fx + 3.0, "start")
         };
         let _ = writeln!(
             svg,
-            "<line x1=\"{fx:.1}\" x2=\"{fx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"2\"{dash}><title>{label} {} at {:.2}s</title></line><text x=\"{:.1}\" y=\"{:.1}\" fill=\"{color}\" font-size=\"9\">{label}</text>",
+            "<line x1=\"{fx:.1}\" x2=\"{fx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"2\"{dash}><title>{label}: {}'s {what} at {:.2}s</title></line><text x=\"{tx:.1}\" y=\"{:.1}\" fill=\"{color}\" font-size=\"9\" text-anchor=\"{anchor}\">{label}</text>",
             y + 2.0,
             y + ROW - 2.0,
             escape(&fault.id),
             fault.at.as_secs_f64(),
-            fx + 3.0,
             y + 9.0
         );
     }
