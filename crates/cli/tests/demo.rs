@@ -31,6 +31,8 @@ impl Demo {
         let tmp = dir.join("tmp");
         std::fs::create_dir_all(&tmp).unwrap();
         let report = dir.join("report.html");
+        // On the test etcd for now, under a prefix of its own (tests run in parallel); once
+        // `baton server` exists, dropping `--backend` tests the demo on its embedded server.
         let backend = format!("etcd://{}/{}", etcd(), unique("baton-demo-test"));
         let mut child = baton()
             .args(["demo", "--backend", &backend, "--report"])

@@ -358,7 +358,9 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         Ok(()) => {
             view::print(&summary.text());
             wrote.unwrap_or_else(|| Ok(()))?;
-            view::print(&format!("report: {}\n", args.report.display()));
+            // Absolute, so that it can be opened from wherever the output is read.
+            let shown = std::path::absolute(&args.report).unwrap_or_else(|_| args.report.clone());
+            view::print(&format!("report: {}\n", shown.display()));
             if summary.stale_accepted > 0 {
                 anyhow::bail!(
                     "{} stale writes were accepted: the fence did not hold",

@@ -113,7 +113,7 @@ fn frame(t: &Timeline) -> String {
     ));
     out.push_str(&format!("{BOLD}{}{RESET}\n\n", clip(&t.step)));
     out.push_str(&format!(
-        "  {DIM}{:<10} {:>8}  {:<9} {:>20} {:>9} {:>9}{RESET}\n",
+        "  {DIM}{:<10} {:>8}  {:<9} {:>12} {:>9} {:>9}{RESET}\n",
         "candidate", "pid", "state", "token", "accepted", "rejected"
     ));
     for row in &t.rows {
@@ -133,7 +133,7 @@ fn frame(t: &Timeline) -> String {
             format!("{rejected:>9}")
         };
         out.push_str(&format!(
-            "  {:<10} {:>8}  {color}{:<9}{RESET} {:>20} {:>9} {rejected_text}\n",
+            "  {:<10} {:>8}  {color}{:<9}{RESET} {:>12} {:>9} {rejected_text}\n",
             row.id, row.pid, state, token, accepted
         ));
     }
