@@ -288,14 +288,23 @@ impl Server {
     /// never past a stop signal) for its ready line. Its stderr, and anything it prints after
     /// the ready line, go to `log`.
     pub async fn start(data: &Path, log: PathBuf) -> anyhow::Result<Server> {
-        let exe = baton_exe()?;
-        let err =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut command = Command::new(&exe);
+        let mut command = Command::new(baton_exe()?);
         command
             .arg("server")
             .args(["--listen", "127.0.0.1:0", "--data"])
-            .arg(data)
+            .arg(data);
+        Server::launch(command, log, SERVER_READY).await
+    }
+
+    /// [`Server::start`] with any command (the tests' stand-ins) and limit.
+    async fn launch(
+        mut command: Command,
+        log: PathBuf,
+        ready_within: Duration,
+    ) -> anyhow::Result<Server> {
+        let err =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(err)
@@ -333,7 +342,7 @@ impl Server {
             address: String::new(),
             log,
         };
-        let give_up = Instant::now() + SERVER_READY;
+        let give_up = Instant::now() + ready_within;
         let line = loop {
             match ready_rx.try_recv() {
                 Ok(line) => break line,
@@ -370,7 +379,7 @@ impl Server {
                 server.stop().await;
                 anyhow::bail!(
                     "baton's embedded server did not say it was listening within {}; {NO_SERVER_HINT}",
-                    baton::format_duration(SERVER_READY)
+                    baton::format_duration(ready_within)
                 );
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -423,3 +432,70 @@ impl Server {
 
 /// How long the server gets to stop after SIGTERM before SIGKILL.
 const SERVER_STOP: Duration = Duration::from_secs(3);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for `baton server` (a shell script: `exec` its last command, so that
+    /// SIGTERM reaches it); also returns the directory of its log.
+    async fn fake(script: &str, ready_within: Duration) -> (anyhow::Result<Server>, TempDir) {
+        let dir = TempDir::create().unwrap();
+        let mut command = Command::new("sh");
+        command.args(["-c", script]);
+        let result = Server::launch(command, dir.path.join("server.log"), ready_within).await;
+        (result, dir)
+    }
+
+    #[tokio::test]
+    async fn a_ready_server_is_used_and_stopped_with_sigterm() {
+        let (server, dir) = fake(
+            r#"trap 'echo bye >&2; exit 0' TERM; echo '{"listening":"127.0.0.1:4321"}'; echo more; while :; do sleep 0.05; done"#,
+            Duration::from_secs(5),
+        )
+        .await;
+        let mut server = server.unwrap();
+        assert_eq!(server.address, "127.0.0.1:4321");
+        let pid = server.pid;
+        server.stop().await;
+        assert!(!alive(pid));
+        assert!(server.exited().is_none(), "reaped by stop");
+        let text = std::fs::read_to_string(dir.path.join("server.log")).unwrap();
+        assert!(text.contains("bye"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_exits_early_is_one_clear_line() {
+        let (server, _dir) = fake(
+            "echo 'baton: error: unrecognized subcommand' >&2; exit 2",
+            Duration::from_secs(5),
+        )
+        .await;
+        let error = server.err().unwrap().to_string();
+        assert!(
+            error.contains("stopped before it was ready (exit 2): baton: error: unrecognized subcommand; pass --backend"),
+            "{error}"
+        );
+        assert!(!error.contains('\n'));
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_times_out_and_is_killed() {
+        let (server, _dir) = fake("exec sleep 30", Duration::from_millis(300)).await;
+        let error = server.err().unwrap().to_string();
+        assert!(
+            error.contains("did not say it was listening within 300ms"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_wrong_ready_line_is_refused() {
+        let (server, _dir) = fake("echo listening; exec sleep 30", Duration::from_secs(5)).await;
+        let error = server.err().unwrap().to_string();
+        assert!(
+            error.contains(r#"printed "listening", not {"listening":"IP:PORT"}"#),
+            "{error}"
+        );
+    }
+}
