@@ -231,6 +231,7 @@ fn bad_flags_are_one_line_and_exit_2() {
         &["--ttl", "1 fortnight"],
         &["--backend", "foo://x"],
         &["--backend", "memory://x"],
+        &["--report", "/nonexistent-dir/report.html"],
     ] {
         let output = baton()
             .arg("demo")

@@ -283,6 +283,15 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     if args.report.as_os_str().is_empty() || args.report.is_dir() {
         return Err(UsageError(format!("--report {:?}: expected a file path", args.report)).into());
     }
+    // Told now, not after the whole demo has run.
+    let parent = args.report.parent().filter(|p| !p.as_os_str().is_empty());
+    if parent.is_some_and(|p| !p.is_dir()) {
+        return Err(UsageError(format!(
+            "--report {}: its directory does not exist",
+            args.report.display()
+        ))
+        .into());
+    }
     if let Some(url) = &args.backend {
         // Bad URLs are bad input, told before anything starts.
         match baton::BackendUrl::parse(url) {
@@ -452,7 +461,10 @@ impl Demo {
         );
 
         // (a) Candidates, and the first leader.
-        self.step("step 1/4: five candidates campaign; the first leader starts its job");
+        self.step(&format!(
+            "step 1/4: {} candidates campaign; the first leader starts its job",
+            args.candidates
+        ));
         for n in 1..=args.candidates {
             let id = format!("node-{n}");
             let log = dir.path.join(format!("{id}.log"));
