@@ -1,4 +1,4 @@
-# Shared by scripts/test, scripts/demo and scripts/bench: install packages, start a private
+# Shared by scripts/test and scripts/bench: install packages, start a private
 # etcd (and ZooKeeper) on loopback, stop them on exit. Source it; do not run it.
 
 log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }

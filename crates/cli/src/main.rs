@@ -6,6 +6,7 @@
 
 mod bench;
 mod containment;
+mod demo;
 mod guard;
 mod log;
 mod run;
@@ -54,6 +55,12 @@ enum Command {
     /// Serve the etcd v3 API subset that leases, elections and locks use (baton's own
     /// coordination server: point `--backend etcd://IP:PORT/prefix` at it).
     Server(server::ServerArgs),
+    /// The main job, end to end: five `baton run` candidates write to a fenced store while
+    /// the leader is killed, paused and stopped; a live view, a summary and an HTML report.
+    Demo(demo::DemoArgs),
+    /// Internal: the job of a `baton demo` candidate (writes to the demo's fenced store).
+    #[command(name = "__demo-worker", hide = true)]
+    DemoWorker(demo::WorkerArgs),
     /// Internal: the process-group guard started by `baton run`.
     #[command(name = "__guard", hide = true)]
     Guard {
@@ -152,6 +159,8 @@ fn main() -> ExitCode {
     match &cli.command {
         Command::Guard { command } => guard::main(command),
         Command::Launch { command } => guard::launch(command),
+        // A plain blocking loop: no runtime, no panic hook, nothing of the supervisor's.
+        Command::DemoWorker(args) => return demo::store::worker(&args.store),
         _ => {}
     }
     // A panic must not unwind past the supervisor's clean-up into a half-dead process: abort,
@@ -256,10 +265,14 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Leader(target) => leader(target).await,
         Command::Observe(target) => observe(target).await,
         Command::Bench(args) => bench::bench(args).await,
+        Command::Demo(args) => demo::demo(args).await,
         Command::Lab(args) => {
             baton_lab::run(&args).map_err(|error| UsageError(error.to_string()).into())
         }
-        Command::Guard { .. } | Command::Launch { .. } | Command::Server(_) => {
+        Command::Guard { .. }
+        | Command::Launch { .. }
+        | Command::Server(_)
+        | Command::DemoWorker(_) => {
             unreachable!("handled before the runtime starts")
         }
     };
