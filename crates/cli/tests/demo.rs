@@ -31,11 +31,9 @@ impl Demo {
         let tmp = dir.join("tmp");
         std::fs::create_dir_all(&tmp).unwrap();
         let report = dir.join("report.html");
-        // On the test etcd for now, under a prefix of its own (tests run in parallel); once
-        // `baton server` exists, dropping `--backend` tests the demo on its embedded server.
-        let backend = format!("etcd://{}/{}", etcd(), unique("baton-demo-test"));
+        // On its embedded server, as the README runs it: nothing else is needed.
         let mut child = baton()
-            .args(["demo", "--backend", &backend, "--report"])
+            .args(["demo", "--report"])
             .arg(&report)
             .env("TMPDIR", &tmp)
             .stdin(Stdio::null())
