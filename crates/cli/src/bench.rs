@@ -36,6 +36,9 @@ enum BenchKind {
     Elections(ElectionsArgs),
     /// Resident memory of `baton run` and its guard while the command runs.
     Rss(Common),
+    /// Load a server speaking the etcd v3 API (etcd or `baton server`): create-if-absent
+    /// transactions, create/delete cycles, keep-alives or lease grants from N clients.
+    Load(crate::load::LoadArgs),
     /// PostgreSQL: one small transaction unfenced, fenced inside it with
     /// `baton::postgres::fence`, and as baton's own fenced transaction (`guarded_put`).
     #[cfg(feature = "postgres")]
@@ -130,6 +133,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Herd(args) => herd(args).await,
         BenchKind::Elections(args) => elections(args).await,
         BenchKind::Rss(args) => rss(args).await,
+        BenchKind::Load(args) => crate::load::bench(args).await,
         #[cfg(feature = "postgres")]
         BenchKind::Fenced(args) => fenced(args).await,
     }

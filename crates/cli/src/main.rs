@@ -8,6 +8,7 @@ mod bench;
 mod containment;
 mod demo;
 mod guard;
+mod load;
 mod log;
 mod run;
 mod serve;

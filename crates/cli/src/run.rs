@@ -81,7 +81,7 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
-fn duration(text: &str) -> Result<Duration, String> {
+pub fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|error| error.to_string())
 }
 

@@ -23,12 +23,19 @@ use crate::store::{Command, CommandResponse, Store, StoreError};
 use crate::watch::WatchHub;
 
 openraft::declare_raft_types!(
-    /// The Raft types of baton server: log entries carry [`Command`]s, applying one gives a
-    /// [`Reply`].
+    /// The Raft types of baton server: a log entry carries a [`Proposal`] (commands of several
+    /// clients), applying it gives one [`Reply`] per command.
     pub TypeConfig:
-        D = Command,
-        R = Reply,
+        D = Proposal,
+        R = Vec<Reply>,
 );
+
+/// The commands of one log entry, applied in order, each with a revision of its own.
+///
+/// Commands that arrive while an entry is being written wait and go together in the next one
+/// (see `node::Proposer`): one log write, and one fsync, for as many clients as wrote at once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Proposal(pub Vec<Command>);
 
 /// A member's id in the Raft group (and its etcd member id).
 pub type NodeId = u64;
@@ -229,7 +236,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok((core.applied, core.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Reply>, StorageError<NodeId>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Reply>>, StorageError<NodeId>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -238,20 +245,24 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut replies = Vec::new();
         for entry in entries {
             core.applied = Some(entry.log_id);
-            let result = match entry.payload {
-                EntryPayload::Blank => None,
+            let entry_replies = match entry.payload {
+                EntryPayload::Blank => Vec::new(),
                 EntryPayload::Membership(membership) => {
                     core.membership = StoredMembership::new(Some(entry.log_id), membership);
-                    None
+                    Vec::new()
                 }
-                EntryPayload::Normal(command) => {
-                    Some(apply_command(&mut core, &self.leases, &command))
-                }
+                EntryPayload::Normal(Proposal(commands)) => commands
+                    .iter()
+                    .map(|command| {
+                        let result = apply_command(&mut core, &self.leases, command);
+                        Reply {
+                            revision: core.store.revision(),
+                            result: Some(result),
+                        }
+                    })
+                    .collect(),
             };
-            replies.push(Reply {
-                revision: core.store.revision(),
-                result,
-            });
+            replies.push(entry_replies);
         }
         Ok(replies)
     }
