@@ -11,6 +11,7 @@ use futures_util::Stream;
 use prost::Message;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::node::Node;
@@ -40,14 +41,21 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let service = Service { node };
+    // tonic applies its TCP options only to sockets it accepts itself: without TCP_NODELAY,
+    // a small response (a watch event, a txn's answer) can wait for a delayed ACK (~40 ms).
+    let incoming = TcpListenerStream::new(listener).map(|accepted| {
+        accepted.and_then(|stream| {
+            stream.set_nodelay(true)?;
+            Ok(stream)
+        })
+    });
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(KvServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(LeaseServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(WatchServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(ClusterServer::new(service.clone()))
         .add_service(MaintenanceServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
 
