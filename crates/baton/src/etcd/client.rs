@@ -40,9 +40,9 @@ pub(crate) enum Error {
     /// source chain).
     GRpcStatus(tonic::Status),
     /// A watch stream could not take a request, or ended before it began.
-    WatchError(String),
+    Watch(String),
     /// A keep-alive stream could not take a request, or the lease is not found.
-    LeaseKeepAliveError(String),
+    LeaseKeepAlive(String),
 }
 
 impl std::fmt::Display for Error {
@@ -51,8 +51,8 @@ impl std::fmt::Display for Error {
             Error::InvalidArgs(e) => write!(f, "invalid arguments: {e}"),
             Error::InvalidUri(e) => write!(f, "invalid uri: {e}"),
             Error::GRpcStatus(e) => write!(f, "grpc request error: {e}"),
-            Error::WatchError(e) => write!(f, "watch error: {e}"),
-            Error::LeaseKeepAliveError(e) => write!(f, "lease keep alive error: {e}"),
+            Error::Watch(e) => write!(f, "watch error: {e}"),
+            Error::LeaseKeepAlive(e) => write!(f, "lease keep alive error: {e}"),
         }
     }
 }
@@ -195,7 +195,7 @@ impl Client {
     }
 
     /// Opens a keep-alive stream for lease `id` and renews it once, waiting for the answer:
-    /// [`Error::LeaseKeepAliveError`] if the server no longer knows the lease (TTL ≤ 0), as
+    /// [`Error::LeaseKeepAlive`] if the server no longer knows the lease (TTL ≤ 0), as
     /// `etcd-client` reports it. Later renewals go through the keeper, their answers come on the
     /// stream.
     pub(crate) async fn lease_keep_alive(
@@ -212,12 +212,10 @@ impl Client {
             .into_inner();
         match responses.message().await? {
             Some(response) if response.ttl <= 0 => {
-                Err(Error::LeaseKeepAliveError("lease not found".to_string()))
+                Err(Error::LeaseKeepAlive("lease not found".to_string()))
             }
             Some(_) => Ok((keeper, LeaseKeepAliveStream { responses })),
-            None => Err(Error::WatchError(
-                "failed to create lease keeper".to_string(),
-            )),
+            None => Err(Error::Watch("failed to create lease keeper".to_string())),
         }
     }
 }
@@ -735,7 +733,7 @@ impl WatchRequestSender {
         self.sender
             .send(request)
             .await
-            .map_err(|error| Error::WatchError(error.to_string()))
+            .map_err(|error| Error::Watch(error.to_string()))
     }
 
     /// Adds a watch on `key` to the stream.
@@ -879,7 +877,7 @@ impl LeaseKeeper {
         self.sender
             .send(pb::LeaseKeepAliveRequest { id: self.id })
             .await
-            .map_err(|error| Error::LeaseKeepAliveError(error.to_string()))
+            .map_err(|error| Error::LeaseKeepAlive(error.to_string()))
     }
 }
 
@@ -891,11 +889,7 @@ pub(crate) struct LeaseKeepAliveStream {
 impl LeaseKeepAliveStream {
     /// The next answer; `None` once the server ended the stream.
     pub(crate) async fn message(&mut self) -> Result<Option<LeaseKeepAliveResponse>> {
-        Ok(self
-            .responses
-            .message()
-            .await?
-            .map(LeaseKeepAliveResponse))
+        Ok(self.responses.message().await?.map(LeaseKeepAliveResponse))
     }
 }
 
@@ -917,21 +911,30 @@ mod tests {
     #[test]
     fn prefix_ranges_follow_etcd() {
         assert_eq!(key_range(b"a/b".to_vec(), false), (b"a/b".to_vec(), vec![]));
-        assert_eq!(key_range(b"a/".to_vec(), true), (b"a/".to_vec(), b"a0".to_vec()));
+        assert_eq!(
+            key_range(b"a/".to_vec(), true),
+            (b"a/".to_vec(), b"a0".to_vec())
+        );
         assert_eq!(
             key_range(vec![b'a', 0xff], true),
             (vec![b'a', 0xff], vec![b'b'])
         );
-        assert_eq!(key_range(vec![0xff, 0xff], true), (vec![0xff, 0xff], vec![0]));
+        assert_eq!(
+            key_range(vec![0xff, 0xff], true),
+            (vec![0xff, 0xff], vec![0])
+        );
         assert_eq!(key_range(Vec::new(), true), (vec![0], vec![0]));
     }
 
     #[test]
     fn errors_read_as_before() {
         let status = Error::GRpcStatus(tonic::Status::new(tonic::Code::Unavailable, "down"));
-        assert!(status.to_string().starts_with("grpc request error: "), "{status}");
+        assert!(
+            status.to_string().starts_with("grpc request error: "),
+            "{status}"
+        );
         assert_eq!(
-            Error::LeaseKeepAliveError("lease not found".into()).to_string(),
+            Error::LeaseKeepAlive("lease not found".into()).to_string(),
             "lease keep alive error: lease not found"
         );
         assert!(Client::connect(Vec::<String>::new(), None).is_err());

@@ -44,7 +44,7 @@ impl LeaseTransport for EtcdLeaseTransport {
                 Ok(opened) => self.stream = Some(opened),
                 // The client reports a lease the server no longer knows (TTL ≤ 0 on the
                 // opening renewal) this way: the lease is gone, not the network.
-                Err(super::client::Error::LeaseKeepAliveError(_)) => {
+                Err(super::client::Error::LeaseKeepAlive(_)) => {
                     self.gone = true;
                     return Ok(());
                 }

@@ -17,10 +17,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_core::ElectionConfig;
 use self::client::{
     Client, ConnectOptions, EventType, GetOptions, SortOrder, SortTarget, WatchOptions,
 };
+use baton_core::ElectionConfig;
 use tokio::sync::mpsc;
 
 use self::fence::EtcdFencer;
@@ -102,7 +102,7 @@ fn retryable(error: &client::Error) -> bool {
     match error {
         client::Error::GRpcStatus(status) => TRANSIENT.contains(&(status.code() as i32)),
         client::Error::InvalidArgs(_) | client::Error::InvalidUri(_) => false,
-        client::Error::WatchError(_) | client::Error::LeaseKeepAliveError(_) => true,
+        client::Error::Watch(_) | client::Error::LeaseKeepAlive(_) => true,
     }
 }
 

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use baton_core::ElectionConfig;
 use super::client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
+use baton_core::ElectionConfig;
 
 use super::fence::EtcdFencer;
 use super::watch_hub::DeletionWatch;
