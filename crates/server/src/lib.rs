@@ -23,16 +23,9 @@ pub mod watch;
 
 pub use node::{start, Node, RunningServer, ServerConfig};
 
-pub mod proto {
-    //! The generated etcd v3 API types and gRPC services.
-    #![allow(missing_docs, clippy::all, clippy::pedantic)]
-    pub mod mvccpb {
-        tonic::include_proto!("mvccpb");
-    }
-    pub mod etcdserverpb {
-        tonic::include_proto!("etcdserverpb");
-    }
-}
+/// The generated etcd v3 API types and gRPC services (the `baton-etcd-proto` crate, shared with
+/// the library's etcd client).
+pub use baton_etcd_proto as proto;
 
 /// Why a server could not start or stopped.
 #[derive(Debug, thiserror::Error)]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use super::client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 
 use super::timed;
 use crate::backend::{BoxFuture, Fencer};
@@ -85,7 +85,7 @@ impl EtcdFencer {
                 token,
             });
         }
-        let Some(TxnOpResponse::Txn(inner)) = response.op_responses().into_iter().next() else {
+        let Some(TxnOpResponse::Txn(inner)) = response.op_responses().first() else {
             return Err(Error::protocol(
                 "etcd",
                 "fenced transaction",
@@ -94,7 +94,7 @@ impl EtcdFencer {
         };
         let values = inner
             .op_responses()
-            .into_iter()
+            .iter()
             .filter_map(|op| match op {
                 TxnOpResponse::Get(get) => Some(get.kvs().first().map(|kv| kv.value().to_vec())),
                 _ => None,

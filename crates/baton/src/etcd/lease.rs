@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use super::client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 
 use super::{backend_error, request};
 use crate::error::{Error, Result};
@@ -27,7 +27,7 @@ impl LeaseTransport for EtcdLeaseTransport {
         let seconds = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
         // Bounded like every other request: the lease driver's own bound is the local lease,
         // which for a long TTL would leave a campaign hanging on a stalled server for minutes.
-        let grant = self.client.lease_grant(seconds, None);
+        let grant = self.client.lease_grant(seconds);
         let response = request(&self.stats, "lease grant", grant).await?;
         self.id = response.id();
         if let Some(tx) = self.on_grant.take() {
@@ -42,9 +42,9 @@ impl LeaseTransport for EtcdLeaseTransport {
             self.stats.renewals.fetch_add(1, Ordering::Relaxed);
             match self.client.lease_keep_alive(self.id).await {
                 Ok(opened) => self.stream = Some(opened),
-                // etcd-client reports a lease the server no longer knows (TTL ≤ 0 on the
+                // The client reports a lease the server no longer knows (TTL ≤ 0 on the
                 // opening renewal) this way: the lease is gone, not the network.
-                Err(etcd_client::Error::LeaseKeepAliveError(_)) => {
+                Err(super::client::Error::LeaseKeepAlive(_)) => {
                     self.gone = true;
                     return Ok(());
                 }

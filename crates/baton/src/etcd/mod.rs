@@ -6,6 +6,7 @@
 //! that revision is the fencing token. A waiter watches only the deletion of the key with the
 //! next-lower create revision, so a handoff wakes one waiter.
 
+mod client;
 mod fence;
 mod lease;
 mod queue;
@@ -16,10 +17,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_core::ElectionConfig;
-use etcd_client::{
+use self::client::{
     Client, ConnectOptions, EventType, GetOptions, SortOrder, SortTarget, WatchOptions,
 };
+use baton_core::ElectionConfig;
 use tokio::sync::mpsc;
 
 use self::fence::EtcdFencer;
@@ -61,15 +62,16 @@ pub(crate) const LIMITS: baton_core::BackendLimits = baton_core::BackendLimits {
     ttl_step: Duration::from_secs(1),
 };
 
-fn backend_error(operation: &'static str, error: etcd_client::Error) -> Error {
+fn backend_error(operation: &'static str, error: client::Error) -> Error {
     crate::metrics::backend_error(operation);
     // gRPC's UNAVAILABLE (14) is what a refused or broken connection becomes.
     const UNAVAILABLE: i32 = 14;
+    // The channel connects lazily, so a transport failure (refused, reset, timed out) comes
+    // back as the status of the request it failed.
     let unreachable = match &error {
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         // tonic reports a connection that broke under a request as UNKNOWN "transport error",
         // with the operating system's error down its source chain.
-        etcd_client::Error::GRpcStatus(status) => {
+        client::Error::GRpcStatus(status) => {
             status.code() as i32 == UNAVAILABLE || has_io_source(status)
         }
         _ => false,
@@ -92,18 +94,15 @@ fn backend_error(operation: &'static str, error: etcd_client::Error) -> Error {
 
 /// Whether the same request may succeed later: etcd's transient answers (overload, a leader
 /// election under way, a request cut short) are; refusals of the request itself are not.
-fn retryable(error: &etcd_client::Error) -> bool {
+fn retryable(error: &client::Error) -> bool {
     // gRPC status codes: CANCELLED 1, UNKNOWN 2, DEADLINE_EXCEEDED 4, RESOURCE_EXHAUSTED 8,
     // ABORTED 10, INTERNAL 13, UNAVAILABLE 14 are transient; INVALID_ARGUMENT, NOT_FOUND,
     // PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED and the rest are not.
     const TRANSIENT: [i32; 7] = [1, 2, 4, 8, 10, 13, 14];
     match error {
-        etcd_client::Error::GRpcStatus(status) => TRANSIENT.contains(&(status.code() as i32)),
-        etcd_client::Error::InvalidArgs(_)
-        | etcd_client::Error::InvalidUri(_)
-        | etcd_client::Error::InvalidMetadataValue(_)
-        | etcd_client::Error::Utf8Error(_) => false,
-        _ => true,
+        client::Error::GRpcStatus(status) => TRANSIENT.contains(&(status.code() as i32)),
+        client::Error::InvalidArgs(_) | client::Error::InvalidUri(_) => false,
+        client::Error::Watch(_) | client::Error::LeaseKeepAlive(_) => true,
     }
 }
 
@@ -111,7 +110,7 @@ fn retryable(error: &etcd_client::Error) -> bool {
 async fn request<T>(
     stats: &Stats,
     operation: &'static str,
-    call: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    call: impl std::future::Future<Output = std::result::Result<T, client::Error>>,
 ) -> Result<T> {
     request_within(REQUEST_TIMEOUT, stats, operation, call).await
 }
@@ -121,7 +120,7 @@ async fn request_within<T>(
     limit: Duration,
     stats: &Stats,
     operation: &'static str,
-    call: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    call: impl std::future::Future<Output = std::result::Result<T, client::Error>>,
 ) -> Result<T> {
     stats.request();
     timed(limit, operation, call).await
@@ -131,7 +130,7 @@ async fn request_within<T>(
 async fn timed<T>(
     limit: Duration,
     operation: &'static str,
-    call: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    call: impl std::future::Future<Output = std::result::Result<T, client::Error>>,
 ) -> Result<T> {
     match tokio::time::timeout(limit, call).await {
         Ok(Ok(value)) => Ok(value),
@@ -196,12 +195,8 @@ impl EtcdBackend {
             // this: the local deadline ends leadership on its own.
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_keep_alive_while_idle(false);
-        let connect = Client::connect(&endpoints, Some(options));
-        let mut client = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => return Err(unreachable(error.to_string())),
-            Err(_) => return Err(unreachable("connection timed out".into())),
-        };
+        let mut client = Client::connect(&endpoints, Some(options))
+            .map_err(|error| unreachable(error.to_string()))?;
         // Connecting is lazy; ask for something so an unreachable server fails here, clearly.
         let probe = client.get(
             format!("{prefix}/"),
@@ -520,9 +515,9 @@ fn has_io_source(error: &dyn std::error::Error) -> bool {
 
 /// The most telling message of an error chain: the operating system's "Connection refused"
 /// rather than a page of gRPC status.
-fn root_cause(error: &etcd_client::Error) -> String {
+fn root_cause(error: &client::Error) -> String {
     let mut source: Option<&dyn std::error::Error> = match error {
-        etcd_client::Error::GRpcStatus(status) => Some(status),
+        client::Error::GRpcStatus(status) => Some(status),
         _ => Some(error),
     };
     while let Some(current) = source {
@@ -614,7 +609,7 @@ mod tests {
     /// source.
     #[test]
     fn errors_are_classified_and_keep_their_source() {
-        let status = |code| etcd_client::Error::GRpcStatus(tonic::Status::new(code, "x"));
+        let status = |code| client::Error::GRpcStatus(tonic::Status::new(code, "x"));
         let error = backend_error("put", status(tonic::Code::PermissionDenied));
         assert!(!error.is_retryable(), "{error:?}");
         assert!(std::error::Error::source(&error).is_some());

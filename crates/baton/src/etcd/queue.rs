@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use baton_core::ElectionConfig;
-use etcd_client::{
+use super::client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
+use baton_core::ElectionConfig;
 
 use super::fence::EtcdFencer;
 use super::watch_hub::DeletionWatch;
@@ -31,7 +31,7 @@ pub(super) fn revision(position: Position) -> i64 {
 }
 
 /// The revision a response was served at.
-fn read_point(header: Option<&etcd_client::ResponseHeader>) -> ReadPoint {
+fn read_point(header: Option<&super::client::ResponseHeader>) -> ReadPoint {
     ReadPoint(header.map_or(0, |h| u64::try_from(h.revision()).unwrap_or(0)))
 }
 
@@ -54,7 +54,7 @@ enum Created {
     /// Our entry exists with this create revision.
     Key(i64),
     /// Another entry holds our id.
-    IdTakenBy(etcd_client::KeyValue),
+    IdTakenBy(super::client::KeyValue),
 }
 
 impl QueueLease for EtcdLease {
@@ -170,7 +170,7 @@ impl Queue for EtcdBackend {
             return Ok(Located::Gone);
         }
         let at = read_point(response.header());
-        let ahead = response.op_responses().into_iter().find_map(|op| match op {
+        let ahead = response.op_responses().iter().find_map(|op| match op {
             TxnOpResponse::Get(get) => get
                 .kvs()
                 .first()
@@ -245,7 +245,7 @@ impl EtcdBackend {
         }
         // Our key exists: an earlier attempt of ours whose answer was lost (it created the id
         // entry too). Adopt it only if it is bound to our lease. Else the id is taken.
-        let mut gets = response.op_responses().into_iter().map(|op| match op {
+        let mut gets = response.op_responses().iter().map(|op| match op {
             TxnOpResponse::Get(get) => get.kvs().first().cloned(),
             _ => None,
         });
@@ -271,7 +271,7 @@ impl EtcdBackend {
     async fn clear_stale_id_entry(
         &self,
         entrant: &EtcdEntrant,
-        holder: &etcd_client::KeyValue,
+        holder: &super::client::KeyValue,
     ) -> Result<bool> {
         let txn = Txn::new()
             .when([

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use etcd_client::{
+use super::client::{
     Client, EventType, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
     WatchResponseStream,
 };
@@ -130,7 +130,7 @@ async fn run(client: Client, stats: Arc<Stats>, mut requests: mpsc::Receiver<Req
 
 async fn next_message(
     stream: &mut Option<(WatchRequestSender, WatchResponseStream)>,
-) -> std::result::Result<Option<WatchResponse>, etcd_client::Error> {
+) -> std::result::Result<Option<WatchResponse>, super::client::Error> {
     match stream.as_mut() {
         Some((_, responses)) => responses.message().await,
         None => std::future::pending().await,

@@ -9,7 +9,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        // Requests and responses travel in the Raft log and in snapshots, encoded with serde.
+        // No `connect` constructors: they need tonic's transport, which the users of the
+        // clients bring themselves (a channel of their own).
+        .build_transport(false)
+        // Requests and responses travel in baton server's Raft log and snapshots, encoded with
+        // serde.
         .type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
         .compile_fds(descriptors)?;
     Ok(())
