@@ -36,7 +36,7 @@ pub struct LoadArgs {
     #[arg(long, default_value = "5s", value_parser = crate::run::duration)]
     window: Duration,
     /// For `--op leases`: how many leases to grant (then the server's memory is read by the
-    /// caller).
+    /// caller); for `--op expiry`: how many leases to time.
     #[arg(long, default_value_t = 100_000)]
     count: usize,
 }
@@ -53,6 +53,10 @@ enum LoadOp {
     Keepalive,
     /// Grant `--count` leases (TTL 1 h) as fast as the clients can, then stop.
     Leases,
+    /// How late leases expire: each client, `--count` times, grants a 1 s lease, attaches a
+    /// key, watches it and times the deletion from the grant's answer; the figures are the
+    /// time past the TTL.
+    Expiry,
 }
 
 /// One line of JSON per run.
@@ -110,6 +114,7 @@ async fn run(args: LoadArgs) -> anyhow::Result<()> {
                     LoadOp::Create | LoadOp::Cycle => kv_loop(channel, client, op, deadline).await,
                     LoadOp::Keepalive => keepalive_loop(channel, deadline).await,
                     LoadOp::Leases => grant_loop(channel, per_client).await,
+                    LoadOp::Expiry => expiry_loop(channel, client, per_client).await,
                 }
             })
         })
@@ -235,4 +240,63 @@ async fn grant_loop(channel: Channel, count: usize) -> anyhow::Result<Vec<Durati
         latencies.push(start.elapsed());
     }
     Ok(latencies)
+}
+
+async fn expiry_loop(channel: Channel, client: usize, count: usize) -> anyhow::Result<Vec<Duration>> {
+    use baton_server::proto::etcdserverpb::watch_client::WatchClient;
+    use baton_server::proto::etcdserverpb::watch_request::RequestUnion;
+    use baton_server::proto::etcdserverpb::{WatchCreateRequest, WatchRequest};
+    const TTL: Duration = Duration::from_secs(1);
+    let mut lease = LeaseClient::new(channel.clone());
+    let mut kv = KvClient::new(channel.clone());
+    let mut watch = WatchClient::new(channel);
+    let mut late = Vec::with_capacity(count);
+    for i in 0..count {
+        let key = format!("/baton-bench-expiry/{}/{client}/{i}", std::process::id()).into_bytes();
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                key: key.clone(),
+                ..WatchCreateRequest::default()
+            })),
+        })
+        .await?;
+        let mut events = watch
+            .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        let created = events.message().await?.context("the watch ended")?;
+        anyhow::ensure!(created.created, "the watch was not created");
+        let id = lease
+            .lease_grant(LeaseGrantRequest { ttl: 1, id: 0 })
+            .await?
+            .into_inner()
+            .id;
+        // The server's TTL starts when it granted; the answer arrives after that, so this
+        // measures at most how late the expiry is.
+        let granted = Instant::now();
+        kv.put(PutRequest {
+            key,
+            value: b"x".to_vec(),
+            lease: id,
+            ..PutRequest::default()
+        })
+        .await?;
+        loop {
+            let response = events.message().await?.context("the watch ended")?;
+            if !response.events.is_empty() {
+                break;
+            }
+        }
+        let lived = granted.elapsed();
+        // The answer left the server after its TTL started, so a lease that lived a little
+        // less than the TTL here may still be on time; clearly less is an early expiry.
+        anyhow::ensure!(
+            lived + Duration::from_millis(5) >= TTL,
+            "a 1 s lease expired after {lived:?}: early"
+        );
+        late.push(lived.saturating_sub(TTL));
+        drop(tx);
+    }
+    Ok(late)
 }

@@ -20,9 +20,15 @@ struct ServerProcess {
 impl ServerProcess {
     /// Starts a server on `listen` (port 0: a free one) over `data`.
     fn start(listen: &str, data: &Path) -> ServerProcess {
+        ServerProcess::start_with(listen, data, &[])
+    }
+
+    /// [`ServerProcess::start`] with more flags.
+    fn start_with(listen: &str, data: &Path, flags: &[&str]) -> ServerProcess {
         let mut child = baton()
             .args(["server", "--listen", listen, "--data"])
             .arg(data)
+            .args(flags)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -552,4 +558,64 @@ fn malformed_and_oversized_requests_are_refused() {
     // Still serving.
     assert_eq!(ctl(&server, &["put", "after", "ok"]), "OK\n");
     assert!(common::alive(server.pid() as u64));
+}
+
+/// Starts `baton server` expecting it to refuse: returns its one line of stderr (exit 2).
+fn refused(data: &Path, flags: &[&str]) -> String {
+    let output = baton()
+        .args(["server", "--listen", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .args(flags)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    stderr
+}
+
+/// Puts `count` keys through one connection.
+fn put_many(server: &ServerProcess, count: usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = etcd_client::Client::connect([&server.addr], None)
+            .await
+            .unwrap();
+        for i in 0..count {
+            client
+                .put(format!("/many/{}", i % 50), i.to_string(), None)
+                .await
+                .unwrap();
+        }
+    });
+}
+
+/// A snapshot with a flipped byte is refused, never served: its values and its revision (the
+/// fencing tokens) would be wrong. A snapshot gone after the log was compacted into it is
+/// refused too, with a line that says so.
+#[test]
+fn a_corrupt_or_missing_snapshot_is_refused() {
+    let dir = scratch("server-snapshot");
+    let mut server = ServerProcess::start_with("127.0.0.1:0", &dir, &["--snapshot-every", "20"]);
+    // Past openraft's 1,000 entries kept after a snapshot, so the log is purged.
+    put_many(&server, 1_200);
+    let revision = revision_of(&server);
+    server.stop();
+    let path = dir.join("snapshot");
+    let pristine = std::fs::read(&path).unwrap();
+    let mut flipped = pristine.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x20;
+    std::fs::write(&path, &flipped).unwrap();
+    let line = refused(&dir, &[]);
+    assert!(line.contains("corrupt"), "{line}");
+    std::fs::remove_file(&path).unwrap();
+    let line = refused(&dir, &[]);
+    assert!(line.contains("snapshot") && line.contains("missing"), "{line}");
+    std::fs::write(&path, &pristine).unwrap();
+    server.restart();
+    assert_eq!(revision_of(&server), revision);
 }

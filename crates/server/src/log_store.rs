@@ -83,6 +83,11 @@ impl LogStore {
         })
     }
 
+    /// The last log entry folded into a snapshot and removed from the log, if any.
+    pub fn last_purged(&self) -> Option<LogId<NodeId>> {
+        self.cached().last_purged
+    }
+
     fn send(&self, write: Write) -> Result<()> {
         self.writer.send(write).map_err(|_| {
             io_error(

@@ -279,7 +279,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         ..StoreConfig::default()
     };
     let raft::Restored {
-        store,
+        mut store,
         applied,
         membership,
     } = match raft::load_snapshot(&config.data_dir).map_err(data)? {
@@ -290,6 +290,8 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             membership: StoredMembership::default(),
         },
     };
+    // `--history` applies from now on, also to a data directory made with another value.
+    store.set_history_revisions(config.history_revisions);
     let leases = Arc::new(LeaseKeeper::default());
     // A restart gives every surviving lease a full TTL: a live holder is never expired early.
     leases.reset_all(&store.leases());
@@ -306,6 +308,22 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         },
     }));
     let log = LogStore::open(db).map_err(data)?;
+    // Entries folded into a snapshot are gone from the log: without that snapshot (deleted, or
+    // an older one copied in) the state before them cannot be rebuilt.
+    if let Some(purged) = log.last_purged() {
+        let covered = applied.is_some_and(|applied| applied.index >= purged.index);
+        if !covered {
+            return Err(data(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "the log was compacted up to entry {} into a snapshot, but {} is missing or \
+                     older: restore the data directory from a backup",
+                    purged.index,
+                    config.data_dir.join("snapshot").display()
+                ),
+            )));
+        }
+    }
     let state_machine = StateMachine::new(core.clone(), leases.clone(), &config.data_dir);
     let raft_config = openraft::Config {
         cluster_name: "baton".into(),

@@ -145,7 +145,7 @@ pub fn load_snapshot(data_dir: &Path) -> io::Result<Option<Restored>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let file: SnapshotFile = decode(&bytes, &path)?;
+    let file: SnapshotFile = decode(verified(&bytes, &path)?, &path)?;
     let state: SnapshotOwned = decode(&file.data, &path)?;
     Ok(Some(Restored {
         store: state.store,
@@ -163,11 +163,44 @@ fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], path: &Path) -> io::Resu
     })
 }
 
-/// Writes `file` durably: a temporary file, fsync, rename over the old one, fsync the directory.
+/// What a snapshot file starts with, before the SHA-256 of the rest.
+const SNAPSHOT_MAGIC: &[u8] = b"baton-server-snapshot-v1\n";
+
+/// The encoded snapshot inside a file, once its checksum matches: a flipped byte would
+/// otherwise decode into a wrong value, or a wrong revision (a fencing token), served silently.
+fn verified<'a>(bytes: &'a [u8], path: &Path) -> io::Result<&'a [u8]> {
+    use sha2::Digest;
+    let corrupt = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} is {what}: restore the data directory from a backup",
+                path.display()
+            ),
+        )
+    };
+    let rest = bytes
+        .strip_prefix(SNAPSHOT_MAGIC)
+        .ok_or_else(|| corrupt("not a baton server snapshot"))?;
+    if rest.len() < 32 {
+        return Err(corrupt("truncated"));
+    }
+    let (sum, payload) = rest.split_at(32);
+    if sha2::Sha256::digest(payload).as_slice() != sum {
+        return Err(corrupt("corrupt (its checksum does not match)"));
+    }
+    Ok(payload)
+}
+
+/// Writes `file` durably, with its checksum: a temporary file, fsync, rename over the old one,
+/// fsync the directory.
 fn write_snapshot(path: &Path, file: &SnapshotFile) -> io::Result<()> {
+    use sha2::Digest;
     let bytes = bincode::serialize(file).map_err(io::Error::other)?;
     let temporary = path.with_extension("tmp");
     let mut out = std::fs::File::create(&temporary)?;
+    out.write_all(SNAPSHOT_MAGIC)?;
+    out.write_all(&sha2::Sha256::digest(&bytes))?;
     out.write_all(&bytes)?;
     out.sync_all()?;
     std::fs::rename(&temporary, path)?;
@@ -316,8 +349,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(storage_error(ErrorVerb::Read, e)),
         };
-        let file: SnapshotFile =
-            decode(&bytes, &self.snapshot_path).map_err(|e| storage_error(ErrorVerb::Read, e))?;
+        let file: SnapshotFile = verified(&bytes, &self.snapshot_path)
+            .and_then(|payload| decode(payload, &self.snapshot_path))
+            .map_err(|e| storage_error(ErrorVerb::Read, e))?;
         Ok(Some(Snapshot {
             meta: file.meta,
             snapshot: Box::new(Cursor::new(file.data)),

@@ -12,6 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use prost::Message as _;
 use tokio::sync::mpsc;
 
 use crate::proto::etcdserverpb::{ResponseHeader, WatchResponse};
@@ -20,30 +21,40 @@ use crate::store::in_range;
 
 /// Responses a stream may have waiting before its watchers are cancelled as too slow.
 pub const MAX_QUEUED: usize = 10_000;
+/// Bytes of responses a stream may have waiting (large values fill memory before the count).
+pub const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
 
 /// The outgoing side of one watch stream.
 #[derive(Clone)]
 pub struct StreamSink {
     tx: mpsc::UnboundedSender<WatchResponse>,
     queued: Arc<AtomicUsize>,
+    queued_bytes: Arc<AtomicUsize>,
 }
 
 /// The receiving side of a [`StreamSink`]: the gRPC response stream drains it.
 pub struct StreamSource {
     rx: mpsc::UnboundedReceiver<WatchResponse>,
     queued: Arc<AtomicUsize>,
+    queued_bytes: Arc<AtomicUsize>,
 }
 
 /// A new stream's queue.
 pub fn stream_queue() -> (StreamSink, StreamSource) {
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(AtomicUsize::new(0));
+    let queued_bytes = Arc::new(AtomicUsize::new(0));
     (
         StreamSink {
             tx,
             queued: queued.clone(),
+            queued_bytes: queued_bytes.clone(),
         },
-        StreamSource { rx, queued },
+        StreamSource {
+            rx,
+            queued,
+            queued_bytes,
+        },
     )
 }
 
@@ -51,11 +62,14 @@ impl StreamSink {
     /// Queues a response; false when the stream is gone.
     pub fn send(&self, response: WatchResponse) -> bool {
         self.queued.fetch_add(1, Ordering::Relaxed);
+        self.queued_bytes
+            .fetch_add(response.encoded_len(), Ordering::Relaxed);
         self.tx.send(response).is_ok()
     }
 
     fn overloaded(&self) -> bool {
         self.queued.load(Ordering::Relaxed) > MAX_QUEUED
+            || self.queued_bytes.load(Ordering::Relaxed) > MAX_QUEUED_BYTES
     }
 }
 
@@ -64,6 +78,8 @@ impl StreamSource {
     pub async fn next(&mut self) -> Option<WatchResponse> {
         let response = self.rx.recv().await?;
         self.queued.fetch_sub(1, Ordering::Relaxed);
+        self.queued_bytes
+            .fetch_sub(response.encoded_len(), Ordering::Relaxed);
         Some(response)
     }
 }
