@@ -242,7 +242,11 @@ async fn grant_loop(channel: Channel, count: usize) -> anyhow::Result<Vec<Durati
     Ok(latencies)
 }
 
-async fn expiry_loop(channel: Channel, client: usize, count: usize) -> anyhow::Result<Vec<Duration>> {
+async fn expiry_loop(
+    channel: Channel,
+    client: usize,
+    count: usize,
+) -> anyhow::Result<Vec<Duration>> {
     use baton_server::proto::etcdserverpb::watch_client::WatchClient;
     use baton_server::proto::etcdserverpb::watch_request::RequestUnion;
     use baton_server::proto::etcdserverpb::{WatchCreateRequest, WatchRequest};

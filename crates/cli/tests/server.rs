@@ -614,7 +614,10 @@ fn a_corrupt_or_missing_snapshot_is_refused() {
     assert!(line.contains("corrupt"), "{line}");
     std::fs::remove_file(&path).unwrap();
     let line = refused(&dir, &[]);
-    assert!(line.contains("snapshot") && line.contains("missing"), "{line}");
+    assert!(
+        line.contains("snapshot") && line.contains("missing"),
+        "{line}"
+    );
     std::fs::write(&path, &pristine).unwrap();
     server.restart();
     assert_eq!(revision_of(&server), revision);

@@ -242,13 +242,13 @@ impl Store {
         self.compact_revision
     }
 
-    /// The configuration the store was made with.
     /// Changes how much history is kept from now on (a member's `--history` at start-up).
     /// History is replicated state: a group of several members must change it through the log.
     pub fn set_history_revisions(&mut self, revisions: i64) {
         self.config.history_revisions = revisions.max(1);
     }
 
+    /// The configuration the store was made with.
     pub fn config(&self) -> StoreConfig {
         self.config
     }
