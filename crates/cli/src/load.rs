@@ -288,7 +288,9 @@ async fn expiry_loop(
         .await?;
         loop {
             let response = events.message().await?.context("the watch ended")?;
-            if !response.events.is_empty() {
+            // The put is seen first; the lease's end is the deletion.
+            let deleted = baton_server::proto::mvccpb::event::EventType::Delete as i32;
+            if response.events.iter().any(|event| event.r#type == deleted) {
                 break;
             }
         }
