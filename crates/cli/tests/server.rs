@@ -622,3 +622,35 @@ fn a_corrupt_or_missing_snapshot_is_refused() {
     server.restart();
     assert_eq!(revision_of(&server), revision);
 }
+
+/// Watch ids on one stream count up and are not reused after a cancel, as on etcd.
+#[test]
+fn watch_ids_are_not_reused_on_a_stream() {
+    let dir = scratch("server-watch-ids");
+    let server = ServerProcess::start("127.0.0.1:0", &dir);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = etcd_client::Client::connect([&server.addr], None)
+            .await
+            .unwrap();
+        let mut stream = client.watch("a", None).await.unwrap();
+        let created = stream.message().await.unwrap().unwrap();
+        assert!(created.created());
+        let first = created.watch_id();
+        stream.cancel(first).await.unwrap();
+        let cancelled = stream.message().await.unwrap().unwrap();
+        assert!(cancelled.canceled());
+        // A new watch on the same stream.
+        stream.watch("b", None).await.unwrap();
+        let created = stream.message().await.unwrap().unwrap();
+        assert!(created.created());
+        assert_ne!(
+            created.watch_id(),
+            first,
+            "a cancelled watch id was handed out again"
+        );
+    });
+}

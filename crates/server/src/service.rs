@@ -388,13 +388,16 @@ async fn read_watch_requests(
     sink: StreamSink,
     mut inbound: Streaming<WatchRequest>,
 ) {
+    // The next id this stream hands out; never reused on the stream, as etcd does, so a late
+    // answer about a cancelled watch cannot be taken for a new one.
+    let mut next_watch_id = 0;
     let mut progress = tokio::time::interval(node.config.progress_interval);
     progress.tick().await;
     loop {
         tokio::select! {
             message = inbound.message() => match message {
                 Ok(Some(WatchRequest { request_union: Some(request) })) => {
-                    handle_watch_request(&node, stream, &sink, request);
+                    handle_watch_request(&node, stream, &sink, &mut next_watch_id, request);
                 }
                 Ok(Some(WatchRequest { request_union: None })) => {}
                 Ok(None) | Err(_) => break,
@@ -411,7 +414,13 @@ async fn read_watch_requests(
     lock(&node.core).watches.remove_stream(stream);
 }
 
-fn handle_watch_request(node: &Node, stream: u64, sink: &StreamSink, request: RequestUnion) {
+fn handle_watch_request(
+    node: &Node,
+    stream: u64,
+    sink: &StreamSink,
+    next_watch_id: &mut i64,
+    request: RequestUnion,
+) {
     let mut core = lock(&node.core);
     let header = core.header(core.store.revision());
     match request {
@@ -419,10 +428,16 @@ fn handle_watch_request(node: &Node, stream: u64, sink: &StreamSink, request: Re
             let watch_id = if create.watch_id != 0 {
                 create.watch_id
             } else {
-                // etcd numbers a stream's watches from 0, skipping ids in use.
-                (0..)
-                    .find(|&id| !core.watches.contains(WatcherId { stream, watch: id }))
-                    .unwrap_or(0)
+                // etcd numbers a stream's watches from 0 up, skipping ids the client chose.
+                while core.watches.contains(WatcherId {
+                    stream,
+                    watch: *next_watch_id,
+                }) {
+                    *next_watch_id += 1;
+                }
+                let id = *next_watch_id;
+                *next_watch_id += 1;
+                id
             };
             let id = WatcherId {
                 stream,
