@@ -86,6 +86,8 @@ impl ServerProcess {
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         self.kill9();
+        // Each test's data directory holds a Raft log of a few MiB: leave nothing behind.
+        let _ = std::fs::remove_dir_all(&self.data);
     }
 }
 
