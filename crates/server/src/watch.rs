@@ -238,12 +238,18 @@ impl WatchHub {
 
     /// Tells every interested watcher about the events of one revision.
     pub fn dispatch(&mut self, header: &ResponseHeader, events: &[Event]) {
-        let mut interested: HashSet<WatcherId> = self.ranged.clone();
-        for event in events {
-            if let Some(kv) = &event.kv {
-                if let Some(ids) = self.by_key.get(&kv.key) {
-                    interested.extend(ids.iter().copied());
-                }
+        // Range watchers, then single-key watchers of the keys these events touch; a watcher
+        // appears once (a single-key watcher is never a range watcher).
+        let mut interested: Vec<WatcherId> = self.ranged.iter().copied().collect();
+        let mut keys: Vec<&[u8]> = events
+            .iter()
+            .filter_map(|event| event.kv.as_ref().map(|kv| kv.key.as_slice()))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        for key in keys {
+            if let Some(ids) = self.by_key.get(key) {
+                interested.extend(ids.iter().copied());
             }
         }
         let mut gone = Vec::new();

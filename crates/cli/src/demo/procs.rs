@@ -135,18 +135,7 @@ impl Candidate {
 
     /// The exit status if it has exited (reaped here, so the PID is not signalled after).
     pub fn exited(&mut self) -> Option<String> {
-        let child = self.child.as_mut()?;
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                self.child = None;
-                Some(describe(status))
-            }
-            Ok(None) => None,
-            Err(error) => {
-                self.child = None;
-                Some(format!("unknown status ({error})"))
-            }
-        }
+        reap(&mut self.child)
     }
 
     /// Sends `signal` to the `baton run` process if it has not been reaped yet.
@@ -400,18 +389,7 @@ impl Server {
 
     /// The server's exit status if it has exited.
     pub fn exited(&mut self) -> Option<String> {
-        let child = self.child.as_mut()?;
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                self.child = None;
-                Some(describe(status))
-            }
-            Ok(None) => None,
-            Err(error) => {
-                self.child = None;
-                Some(format!("unknown status ({error})"))
-            }
-        }
+        reap(&mut self.child)
     }
 
     /// SIGTERM, then SIGKILL if it has not exited within [`SERVER_STOP`]; reaped either way.
@@ -432,6 +410,18 @@ impl Server {
 
 /// How long the server gets to stop after SIGTERM before SIGKILL.
 const SERVER_STOP: Duration = Duration::from_secs(3);
+
+/// The exit status of `child` if it has exited; it is then reaped and dropped, so its PID is
+/// never signalled after.
+fn reap(child: &mut Option<Child>) -> Option<String> {
+    let status = match child.as_mut()?.try_wait() {
+        Ok(Some(status)) => describe(status),
+        Ok(None) => return None,
+        Err(error) => format!("unknown status ({error})"),
+    };
+    *child = None;
+    Some(status)
+}
 
 #[cfg(test)]
 mod tests {
