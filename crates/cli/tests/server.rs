@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{baton, scratch, signal, wait_for};
+use common::{baton, scratch, signal, wait_for, Runner};
 
 /// A `baton server` process of this test's own.
 struct ServerProcess {
@@ -533,15 +533,8 @@ fn malformed_and_oversized_requests_are_refused() {
     drop(stream);
     // Values above etcd's request limit (1.5 MiB): one within gRPC's framing allowance gets
     // etcd's own answer, a larger one gRPC's.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     for size in [1600 * 1024, 3 * 1024 * 1024] {
-        let refused = runtime.block_on(async {
-            let mut client = etcd_client::Client::connect([&server.addr], None)
-                .await
-                .unwrap();
+        let refused = with_client(&server, async |client| {
             client.put("big", vec![b'x'; size], None).await.unwrap_err()
         });
         let refused = refused.to_string();
@@ -578,14 +571,7 @@ fn refused(data: &Path, flags: &[&str]) -> String {
 
 /// Puts `count` keys through one connection.
 fn put_many(server: &ServerProcess, count: usize) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let mut client = etcd_client::Client::connect([&server.addr], None)
-            .await
-            .unwrap();
+    with_client(server, async |client| {
         for i in 0..count {
             client
                 .put(format!("/many/{}", i % 50), i.to_string(), None)
@@ -630,14 +616,7 @@ fn a_corrupt_or_missing_snapshot_is_refused() {
 fn watch_ids_are_not_reused_on_a_stream() {
     let dir = scratch("server-watch-ids");
     let server = ServerProcess::start("127.0.0.1:0", &dir);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let mut client = etcd_client::Client::connect([&server.addr], None)
-            .await
-            .unwrap();
+    with_client(&server, async |client| {
         let mut stream = client.watch("a", None).await.unwrap();
         let created = stream.message().await.unwrap().unwrap();
         assert!(created.created());
@@ -655,4 +634,87 @@ fn watch_ids_are_not_reused_on_a_stream() {
             "a cancelled watch id was handed out again"
         );
     });
+}
+
+/// Runs `f` with an etcd client connected to `server`, on a runtime of its own.
+fn with_client<T>(server: &ServerProcess, f: impl AsyncFnOnce(&mut etcd_client::Client) -> T) -> T {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = etcd_client::Client::connect([&server.addr], None)
+            .await
+            .unwrap();
+        f(&mut client).await
+    })
+}
+
+/// `baton run`'s promise across a server restart: the server stopped (SIGTERM) and started
+/// again on the same data directory within the TTL keeps the leader's lease (it restarts with
+/// its full TTL), so the leader keeps running and the waiter never starts.
+#[test]
+fn a_server_restarted_within_the_ttl_keeps_the_leader() {
+    let dir = scratch("server-restart-run");
+    let mut server = ServerProcess::start("127.0.0.1:0", &dir.join("data"));
+    let url = format!("etcd://{}/restart", server.addr);
+    let leader = Runner::start(&url, "e", "4s", &dir, "a");
+    let token = leader.wait_running(Duration::from_secs(10));
+    let waiter = Runner::start(&url, "e", "4s", &dir, "b");
+    std::thread::sleep(Duration::from_millis(500));
+    server.stop();
+    server.restart();
+    // Well past the TTL: renewals found the restarted server.
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        common::alive(leader.child_pid().unwrap()),
+        "{}",
+        leader.stderr()
+    );
+    assert_eq!(leader.token(), Some(token));
+    assert_eq!(
+        waiter.token(),
+        None,
+        "the waiter ran while the leader held: {}",
+        waiter.stderr()
+    );
+}
+
+/// A server stopped (SIGSTOP) for longer than the TTL: the leader's command is killed by its
+/// own deadline while the server is frozen; once the server runs again the waiter leads with a
+/// higher token, and never while the old command lives.
+#[test]
+fn a_server_stopped_beyond_the_ttl_stops_the_leader_first() {
+    let dir = scratch("server-stop-run");
+    let server = ServerProcess::start("127.0.0.1:0", &dir.join("data"));
+    let url = format!("etcd://{}/stopped", server.addr);
+    let leader = Runner::start(&url, "e", "2s", &dir, "a");
+    let token = leader.wait_running(Duration::from_secs(10));
+    let command = leader.child_pid().unwrap();
+    let waiter = Runner::start(&url, "e", "2s", &dir, "b");
+    std::thread::sleep(Duration::from_millis(500));
+    signal(server.pid(), libc::SIGSTOP);
+    let frozen = Instant::now();
+    wait_for(
+        "the leader's command to stop",
+        Duration::from_secs(3),
+        || (!common::alive(command)).then_some(()),
+    );
+    let stopped_after = frozen.elapsed();
+    assert!(
+        stopped_after < Duration::from_secs(2),
+        "stopped after {stopped_after:?}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        waiter.token(),
+        None,
+        "the waiter ran with the server frozen"
+    );
+    signal(server.pid(), libc::SIGCONT);
+    let successor = waiter.wait_running(Duration::from_secs(15));
+    assert!(
+        successor > token,
+        "tokens must increase: {token} then {successor}"
+    );
 }
