@@ -297,6 +297,18 @@ fn etcdctl_watch_live_and_from_a_past_revision() {
     assert_eq!([next(), next(), next()], ["PUT", "/w/c", "3"]);
     watch.kill().unwrap();
     watch.wait().unwrap();
+    // History that was compacted away: the watch is cancelled with etcd's answer.
+    ctl(&server, &["compaction", "4"]);
+    let output = etcdctl(&server)
+        .args(["watch", "--prefix", "/w/", "--rev=2"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout).to_string()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(
+        said.contains("required revision has been compacted"),
+        "{said}"
+    );
 }
 
 #[test]
