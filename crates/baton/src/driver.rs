@@ -234,10 +234,12 @@ pub(crate) trait Queue: Send + Sync + 'static {
         position: Position,
     ) -> impl Future<Output = Result<Option<ReadPoint>>> + Send;
 
-    /// Watches for the first deletion of `entry` after read point `after`.
+    /// Watches for the first deletion of `entry` (the incarnation at `position`) after read
+    /// point `after`.
     fn watch_deletion(
         &self,
         entry: &Self::Entry,
+        position: Position,
         after: ReadPoint,
     ) -> impl Future<Output = Result<Self::Watch>> + Send;
 
@@ -663,7 +665,7 @@ impl<Q: Queue> CandidateDriver<Q> {
             Ok(None) => return self.core.handle_entry_deleted(),
             Err(_) => return,
         };
-        if self.open_own_watch(&own, at).await.is_err() {
+        if self.open_own_watch(&own, position, at).await.is_err() {
             // `wait` retries shortly while an entry has no watch.
             return;
         }
@@ -714,7 +716,10 @@ impl<Q: Queue> CandidateDriver<Q> {
             match self.try_create_entry().await {
                 Ok((own, position)) => {
                     // The entry exists from the create on: a deletion right after it is seen.
-                    if let Err(error) = self.open_own_watch(&own, ReadPoint(position.0)).await {
+                    if let Err(error) = self
+                        .open_own_watch(&own, position, ReadPoint(position.0))
+                        .await
+                    {
                         // Without a watch we cannot hear of deletions: delete and retry.
                         if self
                             .queue
@@ -814,9 +819,14 @@ impl<Q: Queue> CandidateDriver<Q> {
         }
     }
 
-    /// Watches our own entry's deletion after read point `after`.
-    async fn open_own_watch(&mut self, own: &Q::Entry, after: ReadPoint) -> Result<()> {
-        let watch = self.queue.watch_deletion(own, after).await?;
+    /// Watches the deletion of our own entry (at `position`) after read point `after`.
+    async fn open_own_watch(
+        &mut self,
+        own: &Q::Entry,
+        position: Position,
+        after: ReadPoint,
+    ) -> Result<()> {
+        let watch = self.queue.watch_deletion(own, position, after).await?;
         self.own_watch = Some(watch);
         Ok(())
     }
@@ -886,14 +896,17 @@ impl<Q: Queue> CandidateDriver<Q> {
             Located::Gone => return Ok(None),
             Located::Exists { ahead, at } => (ahead, at),
         };
-        if let Some((entry, _)) = &ahead {
+        if let Some((entry, ahead_position)) = &ahead {
             if self.own_watch.is_none() {
                 // Our entry exists as of `at` (the read checked it).
-                self.open_own_watch(&own, at).await?;
+                self.open_own_watch(&own, position, at).await?;
             }
             // Watch from just after our read: a deletion in between is replayed, not missed.
             // Replacing the previous predecessor's watch cancels it.
-            let watch = self.queue.watch_deletion(entry, at).await?;
+            let watch = self
+                .queue
+                .watch_deletion(entry, *ahead_position, at)
+                .await?;
             self.predecessor_watch = Some(watch);
         } else {
             self.predecessor_watch = None;

@@ -729,6 +729,7 @@ impl Queue for MemoryBackend {
     async fn watch_deletion(
         &self,
         entry: &MemEntry,
+        _position: Position,
         after: ReadPoint,
     ) -> Result<OneshotWatch<MemEntry>> {
         self.stats.request();

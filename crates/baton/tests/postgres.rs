@@ -320,6 +320,24 @@ async fn statements_in(client: &tokio_postgres::Client, schema: &str) -> i64 {
         .get(0)
 }
 
+/// Waits (up to 60 s) until PostgreSQL runs no statement in `schema` for 500 ms.
+async fn quiet(client: &tokio_postgres::Client, schema: &str) {
+    let start = std::time::Instant::now();
+    let mut last = statements_in(client, schema).await;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let now = statements_in(client, schema).await;
+        if now == last {
+            return;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "statements in {schema} never stopped"
+        );
+        last = now;
+    }
+}
+
 /// One release with 50 and with 1,000 waiters (on 20 connections) costs the same few
 /// statements, counted by the server (pg_stat_statements), and wakes one waiter: the
 /// notification goes to the one waiter watching the released entry, nobody else reads.
@@ -352,7 +370,9 @@ async fn one_release_costs_the_same_few_statements_at_50_and_1000_waiters() {
         while observer.participants().await.unwrap().len() < waiters + 1 {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        // Queued is not yet watching: wait until the campaigns' last statements (finding
+        // predecessors, first looks) have run, so that only the release is counted.
+        quiet(&counter, schema).await;
         let next: usize = observer.participants().await.unwrap()[1]
             .id
             .trim_start_matches('w')

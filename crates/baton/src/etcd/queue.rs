@@ -191,7 +191,12 @@ impl Queue for EtcdBackend {
         Ok(exists.then_some(at))
     }
 
-    async fn watch_deletion(&self, entry: &Vec<u8>, after: ReadPoint) -> Result<DeletionWatch> {
+    async fn watch_deletion(
+        &self,
+        entry: &Vec<u8>,
+        _position: Position,
+        after: ReadPoint,
+    ) -> Result<DeletionWatch> {
         let start = i64::try_from(after.0).unwrap_or(i64::MAX - 1) + 1;
         self.hub.watch(entry.clone(), start).await
     }

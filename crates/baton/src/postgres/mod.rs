@@ -389,8 +389,9 @@ fn warm_sql(schema: &str) -> String {
 /// connection.
 #[derive(Default)]
 struct Hub {
-    /// (election, entry name) → the watches of that entry.
-    deletions: HashMap<(String, String), Vec<oneshot::Sender<Fired<PgEntry>>>>,
+    /// (election, position) → the watches of that entry (positions are never reused within
+    /// an election, so a position names one incarnation of an entry).
+    deletions: HashMap<(String, u64), Vec<oneshot::Sender<Fired<PgEntry>>>>,
     /// election → observers of its changes.
     observers: HashMap<String, Vec<mpsc::UnboundedSender<Seen>>>,
     /// Whether the LISTEN connection is up (notifications may be lost while it is not).
@@ -856,7 +857,7 @@ fn dispatch(hub: &Mutex<Hub>, note: &str) {
     };
     let mut hub = hub.lock().unwrap_or_else(|e| e.into_inner());
     if kind == "D" {
-        let key = (election.to_string(), name.to_string());
+        let key = (election.to_string(), position);
         if let Some(watches) = hub.deletions.remove(&key) {
             for watch in watches {
                 let _ = watch.send(Fired::Deleted {
@@ -1256,6 +1257,7 @@ impl Queue for PgBackend {
     async fn watch_deletion(
         &self,
         entry: &PgEntry,
+        position: Position,
         _after: ReadPoint,
     ) -> Result<OneshotWatch<PgEntry>> {
         let (tx, fired) = oneshot::channel();
@@ -1270,7 +1272,7 @@ impl Queue for PgBackend {
             if !hub.polling {
                 let watches = hub
                     .deletions
-                    .entry((entry.election.clone(), entry.name.clone()))
+                    .entry((entry.election.clone(), position.0))
                     .or_default();
                 watches.retain(|watch| !watch.is_closed());
                 watches.push(note_tx);
@@ -1288,6 +1290,7 @@ impl Queue for PgBackend {
             schema: self.schema.clone(),
             stats: self.stats.clone(),
             entry: entry.clone(),
+            position,
             own,
             notified,
             polling,
@@ -1358,6 +1361,8 @@ struct WatchLooks {
     schema: String,
     stats: Arc<Stats>,
     entry: PgEntry,
+    /// The incarnation watched: gone once no entry of that name has this position.
+    position: Position,
     /// The entry is on a session of this backend.
     own: bool,
     /// Registered for the deletion's notification.
@@ -1366,15 +1371,11 @@ struct WatchLooks {
     polling: bool,
 }
 
-/// What a look found: the entry is gone, or it is there at `position`, leading or not, and
-/// its session has `left`.
+/// What a look found: the entry is gone, or it is there, leading or not, and its session has
+/// `left`.
 enum Look {
     Gone,
-    There {
-        position: u64,
-        first: bool,
-        left: Duration,
-    },
+    There { first: bool, left: Duration },
 }
 
 impl WatchLooks {
@@ -1383,8 +1384,6 @@ impl WatchLooks {
         mut note: oneshot::Receiver<Fired<PgEntry>>,
         fired: oneshot::Sender<Fired<PgEntry>>,
     ) {
-        // The position of the entry, once a look has seen it.
-        let mut seen = None;
         let mut notified = self.notified;
         let mut wait = Some(Duration::ZERO);
         loop {
@@ -1414,21 +1413,16 @@ impl WatchLooks {
                 _ = pause => {}
             }
             match self.look().await {
-                // Gone before the first look: which incarnation went is unknown, so the
-                // driver finds out afresh where it stands.
+                // Gone, perhaps before the first look (the watch was placed after a read that
+                // saw it, so this incarnation was deleted since): a deletion like any other.
                 Ok(Look::Gone) => {
-                    let _ = fired.send(seen.map_or(Fired::Broken, |position| Fired::Deleted {
+                    let _ = fired.send(Fired::Deleted {
                         entry: self.entry.clone(),
-                        position: Position(position),
-                    }));
+                        position: self.position,
+                    });
                     return;
                 }
-                Ok(Look::There {
-                    position,
-                    first,
-                    left,
-                }) => {
-                    seen = Some(position);
+                Ok(Look::There { first, left }) => {
                     let due = left + Duration::from_millis(20);
                     wait = match (self.polling, self.own, first) {
                         (false, false, _) => Some(due),
@@ -1455,12 +1449,13 @@ impl WatchLooks {
         let s = &self.schema;
         let look = format!(
             "SELECT extract(epoch FROM ss.expires_at - clock_timestamp())::float8, \
-             e.position, NOT EXISTS (SELECT 1 FROM {s}.entries o WHERE o.election = e.election \
+             NOT EXISTS (SELECT 1 FROM {s}.entries o WHERE o.election = e.election \
              AND o.position < e.position) FROM {s}.entries e JOIN {s}.sessions ss \
-             ON ss.id = e.session WHERE e.election = $1 AND e.name = $2"
+             ON ss.id = e.session WHERE e.election = $1 AND e.position = $2 AND e.name = $3"
         );
         let client = self.pool.get().await?;
-        let params = [p(&self.entry.election), p(&self.entry.name)];
+        let position = self.position.0 as i64;
+        let params = [p(&self.entry.election), p(&position), p(&self.entry.name)];
         let read = || client.query_typed_opt(&look, &params);
         let row = bounded(&self.stats, "watch entry", read()).await?;
         let Some(mut row) = row else {
@@ -1481,8 +1476,7 @@ impl WatchLooks {
             }
         }
         Ok(Look::There {
-            position: row.get::<_, i64>(1) as u64,
-            first: row.get(2),
+            first: row.get(1),
             left: Duration::from_secs_f64(row.get::<_, f64>(0).max(0.0)),
         })
     }

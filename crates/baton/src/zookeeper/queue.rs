@@ -337,7 +337,12 @@ impl Queue for ZkBackend {
             .map(|_| ReadPoint(position)))
     }
 
-    async fn watch_deletion(&self, entry: &ZkEntry, _after: ReadPoint) -> Result<ZkWatch> {
+    async fn watch_deletion(
+        &self,
+        entry: &ZkEntry,
+        _position: Position,
+        _after: ReadPoint,
+    ) -> Result<ZkWatch> {
         let Some(known) = entry.incarnation() else {
             return Err(protocol("watch entry", "the entry has no znode yet"));
         };
