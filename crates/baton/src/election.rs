@@ -286,7 +286,7 @@ impl Election {
     }
 }
 
-fn validate_name(what: &'static str, value: &str) -> Result<()> {
+pub(crate) fn validate_name(what: &'static str, value: &str) -> Result<()> {
     let reason = if value.is_empty() {
         Some("must not be empty")
     } else if value.len() > 256 {
@@ -506,6 +506,31 @@ impl Leadership {
         };
         if self.commands.send(resign).await.is_ok() {
             let _ = tokio::time::timeout(Duration::from_secs(10), done).await;
+        }
+    }
+}
+
+/// How a leadership ended: see [`Leadership::ending`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Resigned (or dropped) by its holder.
+    Resigned,
+    /// Lost.
+    Lost(LossReason),
+}
+
+impl Leadership {
+    /// Resolves when this leadership ends (as [`Leadership::lost`] does), telling a resign by
+    /// its holder from a loss; it does not borrow the leadership, which may be handed on.
+    pub(crate) fn ending(&self) -> impl std::future::Future<Output = Ended> + Send + 'static {
+        let (status, lease) = (self.status.clone(), self.lease.clone());
+        async move {
+            let reason = wait_lost(status.clone(), lease).await;
+            if *status.borrow() == Status::Resigned {
+                Ended::Resigned
+            } else {
+                Ended::Lost(reason)
+            }
         }
     }
 }

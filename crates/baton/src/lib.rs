@@ -32,6 +32,7 @@ pub mod metrics;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod runner;
+pub mod shards;
 mod stats;
 mod url;
 #[cfg(feature = "zookeeper")]

@@ -13,6 +13,8 @@ mod log;
 mod run;
 mod serve;
 mod server;
+mod shard_child;
+mod shards;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -44,6 +46,9 @@ enum Command {
     /// Run CMD only while this host leads the election; kill it before the lease could be won
     /// elsewhere.
     Run(run::RunArgs),
+    /// Run CMD once for each shard this member owns: members of a group split its shards, one
+    /// owner per shard, each with its own fencing token (`shards status`: who owns what).
+    Shards(shards::ShardsArgs),
     /// Print the current leader as one JSON object.
     Leader(Target),
     /// Print the leader as JSON, then one line per change.
@@ -62,6 +67,9 @@ enum Command {
     /// Internal: the job of a `baton demo` candidate (writes to the demo's fenced store).
     #[command(name = "__demo-worker", hide = true)]
     DemoWorker(demo::WorkerArgs),
+    /// Internal: the supervisor of one shard's command, started by `baton shards`.
+    #[command(name = "__shard", hide = true)]
+    ShardChild(shard_child::ShardChildArgs),
     /// Internal: the process-group guard started by `baton run`.
     #[command(name = "__guard", hide = true)]
     Guard {
@@ -263,6 +271,8 @@ fn one_line(error: &anyhow::Error) -> String {
 async fn dispatch(command: Command) -> anyhow::Result<()> {
     let result = match command {
         Command::Run(args) => run::run(args).await,
+        Command::Shards(args) => shards::shards(args).await,
+        Command::ShardChild(args) => shard_child::shard_child(args).await,
         Command::Leader(target) => leader(target).await,
         Command::Observe(target) => observe(target).await,
         Command::Bench(args) => bench::bench(args).await,

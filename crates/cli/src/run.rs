@@ -85,7 +85,7 @@ pub fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|error| error.to_string())
 }
 
-fn default_id() -> String {
+pub(crate) fn default_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "host".into());
@@ -105,7 +105,7 @@ const GUARD_STALL: Duration = Duration::from_secs(1);
 const MIN_KILL_WAIT: Duration = Duration::from_secs(1);
 
 /// Signals that matter to the supervisor.
-struct Signals {
+pub(crate) struct Signals {
     term: Signal,
     int: Signal,
     /// A closed terminal or SSH session: stop and resign like SIGTERM, rather than die and make
@@ -131,7 +131,7 @@ const STRAY: [libc::c_int; 9] = [
 ];
 
 impl Signals {
-    fn install() -> anyhow::Result<Signals> {
+    pub(crate) fn install() -> anyhow::Result<Signals> {
         guard::ignore_signals(STRAY.into_iter().chain(libc::SIGRTMIN()..=libc::SIGRTMAX()));
         Ok(Signals {
             term: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
@@ -141,7 +141,7 @@ impl Signals {
     }
 
     /// Waits for SIGTERM, SIGINT or SIGHUP; returns the signal number.
-    async fn stop(&mut self) -> i32 {
+    pub(crate) async fn stop(&mut self) -> i32 {
         tokio::select! {
             _ = self.term.recv() => libc::SIGTERM,
             _ = self.int.recv() => libc::SIGINT,
@@ -192,7 +192,7 @@ enum Outcome {
 }
 
 /// Removes the cgroup when `baton run` ends (the guard removes it instead if we are killed).
-struct CageGuard(Arc<Cage>);
+pub(crate) struct CageGuard(pub(crate) Arc<Cage>);
 
 impl Drop for CageGuard {
     fn drop(&mut self) {
@@ -439,7 +439,7 @@ async fn supervise(
 
 /// What the guard reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GuardEvent {
+pub(crate) enum GuardEvent {
     /// CMD exited with this code and nothing it started is left.
     Exited(u8),
     /// CMD exited with this code; processes it started still run.
@@ -451,7 +451,7 @@ enum GuardEvent {
 }
 
 /// A guard started ahead of time, waiting for its token on the control pipe.
-struct Standby {
+pub(crate) struct Standby {
     child: Child,
     control: OwnedFd,
     status: Option<pipe::Receiver>,
@@ -459,7 +459,7 @@ struct Standby {
 }
 
 /// The running guard and CMD.
-struct Running {
+pub(crate) struct Running {
     child: Child,
     /// The guard's pid.
     guard: i32,
@@ -480,7 +480,7 @@ struct Running {
 
 impl Running {
     /// The guard's next report; a final one is returned again on every later call. Cancel-safe.
-    async fn event(&mut self) -> GuardEvent {
+    pub(crate) async fn event(&mut self) -> GuardEvent {
         if let Some(event) = self.last {
             return event;
         }
@@ -513,7 +513,7 @@ impl Running {
     }
 
     /// Resolves once the guard reports an end (`left` is not one: its leftovers still run).
-    async fn all_exited(&mut self) {
+    pub(crate) async fn all_exited(&mut self) {
         while let GuardEvent::Left(_) = self.event().await {}
     }
 
@@ -534,14 +534,14 @@ impl Running {
     /// Sends `signal` to every process of the containment except the guard (which ignores
     /// stop signals): the cgroup's members and every descendant, including orphans that were
     /// re-parented to us.
-    fn signal(&self, signal: libc::c_int) {
+    pub(crate) fn signal(&self, signal: libc::c_int) {
         self.cage.signal_members(signal);
         containment::signal_tree(std::process::id() as i32, signal, Some(self.guard));
     }
 
     /// Tells the guard about a later local deadline, without ever blocking: if the pipe is
     /// full the newest deadline waits for the next call.
-    fn extend_deadline(&mut self, deadline: Option<Instant>) {
+    pub(crate) fn extend_deadline(&mut self, deadline: Option<Instant>) {
         if let Some(deadline) = deadline.filter(|&d| d > self.sent_deadline) {
             self.pending = Some(guard_clock(deadline));
             self.sent_deadline = deadline;
@@ -560,7 +560,7 @@ impl Running {
 
     /// Whether the guard has left data unread on its control pipe for longer than
     /// [`GUARD_STALL`].
-    fn stalled(&mut self) -> bool {
+    pub(crate) fn stalled(&mut self) -> bool {
         let mut unread: libc::c_int = 0;
         // SAFETY: FIONREAD writes an int we own; on a pipe it counts unread bytes.
         unsafe { libc::ioctl(self.control.as_raw_fd(), libc::FIONREAD, &mut unread) };
@@ -576,7 +576,7 @@ impl Running {
     /// guard reaped, no live descendant, the cgroup empty. A process stuck in uninterruptible
     /// I/O (say, on NFS) may still complete a write it had started, so resigning waits for it,
     /// up to `limit`, after which we resign anyway rather than block the election forever.
-    async fn kill_all(&mut self, limit: Duration) {
+    pub(crate) async fn kill_all(&mut self, limit: Duration) {
         let me = std::process::id() as i32;
         // Even with --grace 0, give a killed process a moment to finish dying.
         let give_up = Instant::now() + limit.max(MIN_KILL_WAIT);
@@ -653,7 +653,7 @@ impl Drop for Running {
 
 impl Standby {
     /// Starts the guard for `command`; it waits until [`Standby::start`].
-    fn spawn(
+    pub(crate) fn spawn(
         command: &[OsString],
         election: &str,
         id: &str,
@@ -711,7 +711,7 @@ impl Standby {
     /// it instead would orphan the launcher to us, where it stays a zombie and keeps the cgroup
     /// from being removed). A guard that does not exit in time is killed, and what it leaves
     /// orphaned to us is killed and reaped here.
-    async fn cancel(self) {
+    pub(crate) async fn cancel(self) {
         let Standby {
             mut child,
             control,
@@ -748,7 +748,7 @@ impl Standby {
     }
 
     /// Hands the guard its token and the local deadline: it starts CMD at once.
-    fn start(self, token: u64, deadline: Instant) -> anyhow::Result<Running> {
+    pub(crate) fn start(self, token: u64, deadline: Instant) -> anyhow::Result<Running> {
         let line = format!("{token} {}\n", guard_clock(deadline));
         // SAFETY: write from a buffer we own; the pipe is new and empty, so it has room.
         let written =
@@ -774,7 +774,7 @@ impl Standby {
 }
 
 /// A tokio deadline as `CLOCK_BOOTTIME` nanoseconds, the guard's clock.
-fn guard_clock(deadline: Instant) -> u64 {
+pub(crate) fn guard_clock(deadline: Instant) -> u64 {
     // Read the guard's clock first: time passing between the two reads then moves the result
     // earlier (safe), never later.
     let nanos = guard::clock_nanos();

@@ -554,21 +554,6 @@ fn chaos_keeps_zero_stale_writes_accepted_and_zero_orphans() {
     });
 }
 
-/// Every descendant of `root` (from /proc).
-fn descendants(root: i32) -> Vec<i32> {
-    let mut found = Vec::new();
-    let mut frontier = vec![root];
-    while let Some(parent) = frontier.pop() {
-        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
-            .unwrap_or_default();
-        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-            found.push(child);
-            frontier.push(child);
-        }
-    }
-    found
-}
-
 /// A process chain that re-spawns itself in the background and exits, faster than a walk of
 /// /proc can follow (the idiom "restart myself with `sh $0 &`"), under the weakest mode: the
 /// guard's "no child left" answer catches it; once `baton run` has exited nothing writes.

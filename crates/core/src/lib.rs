@@ -13,6 +13,7 @@
 //!   lead, lose or resign, optionally requeue.
 //! - [`Fence`]: safety rule 2, the resource side of fencing tokens.
 //! - [`ElectionConfig`]: the knobs, with [`ElectionConfig::validate`].
+//! - [`shards::assign`]: which member owns which shard (balanced rendezvous hashing).
 //! - [`parse_duration`]: the `500ms` / `2s` / `1m` syntax shared by every command-line flag.
 #![warn(missing_docs)]
 
@@ -21,6 +22,7 @@ mod config;
 mod duration;
 mod fence;
 mod lease;
+pub mod shards;
 mod time;
 
 pub use candidate::{Action as CandidateAction, Candidate, CandidateState, LossReason};

@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use baton::{Backend, Election, ElectionConfig, Error, LeaderInfo, LossReason, Observed};
 
+pub mod shards;
+
 /// What the suite needs of a backend beyond its URL: the things an operator or a fault does
 /// behind baton's back.
 #[allow(async_fn_in_trait)]
@@ -54,6 +56,16 @@ macro_rules! conformance_suite {
             use super::*;
             #[allow(unused_imports)]
             use $crate::conformance::{BackendUnderTest as _, Rewindable as _};
+
+            #[tokio::test]
+            async fn shards_spread_evenly_and_move_little() {
+                conformance::shards::check_shards_spread_and_move_little(&$backend.url()).await;
+            }
+
+            #[tokio::test]
+            async fn shards_bad_input_is_rejected() {
+                conformance::shards::check_shards_bad_input(&$backend.url()).await;
+            }
 
             #[tokio::test]
             async fn single_candidate_leads_and_resigns() {

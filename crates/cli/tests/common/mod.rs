@@ -387,3 +387,18 @@ impl Drop for Runner {
         let _ = self.child.wait();
     }
 }
+
+/// Every descendant of `root` (through /proc's children lists).
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+            .unwrap_or_default();
+        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            found.push(child);
+            frontier.push(child);
+        }
+    }
+    found
+}

@@ -1,0 +1,190 @@
+//! `baton __shard`: the supervisor of one shard's command, started by `baton shards` for each
+//! shard it owns.
+//!
+//! A process of its own per shard, so that each command has a containment and a process tree of
+//! its own: stopping one shard's command (which walks the supervisor's descendants and kills
+//! its cgroup) never touches another's. It is `baton run`'s supervisor without the campaign:
+//! the term comes from `baton shards` on stdin:
+//!
+//! - first line `TOKEN DEADLINE`: start CMD (through the guard, see [`crate::guard`]) with
+//!   `BATON_TOKEN`; `DEADLINE` is the local deadline in `CLOCK_BOOTTIME` nanoseconds;
+//! - `DEADLINE` lines: a later local deadline (after a renewal);
+//! - `stop`: the shard is handed over: SIGTERM, SIGKILL after the grace (never past the
+//!   deadline);
+//! - `kill`, or end of input (`baton shards` died): the term is over: SIGKILL at once.
+//!
+//! It also stops CMD on its own when the last deadline it heard of passes, and the guard does
+//! the same should this process be frozen or killed. Exit code: CMD's own when CMD exited by
+//! itself, 0 after `stop`, 3 (`EXIT_LOST`) after `kill`, the end of input or the deadline.
+
+use std::ffi::OsString;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use std::os::fd::FromRawFd;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::unix::pipe;
+use tokio::time::Instant;
+
+use crate::containment::{self, Cage, Mode};
+use crate::run::{GuardEvent, Standby};
+use crate::{guard, log, Exit, EXIT_LOST};
+
+/// Flags of `baton __shard` (internal).
+#[derive(Debug, Args)]
+pub struct ShardChildArgs {
+    /// The shard's election (`BATON_ELECTION` for CMD, and the label of notes).
+    #[arg(long)]
+    election: String,
+    /// The member's id.
+    #[arg(long)]
+    id: String,
+    /// How long CMD may take to exit after SIGTERM before SIGKILL.
+    #[arg(long, value_parser = crate::run::duration)]
+    grace: Duration,
+    /// What holds CMD.
+    #[arg(long, value_enum)]
+    containment: Mode,
+    /// The command.
+    #[arg(last = true, required = true)]
+    command: Vec<OsString>,
+}
+
+/// A `CLOCK_BOOTTIME` deadline from the parent as a tokio instant (never later than it).
+fn to_instant(nanos: u64) -> Instant {
+    let now = Instant::now();
+    // Read after `now`: time passing between the two reads moves the result earlier.
+    let boot = guard::clock_nanos();
+    now + Duration::from_nanos(nanos.saturating_sub(boot))
+}
+
+enum Line {
+    Deadline(Instant),
+    Stop,
+    Kill,
+}
+
+fn parse(line: &str) -> Option<Line> {
+    match line.trim() {
+        "stop" => Some(Line::Stop),
+        "kill" => Some(Line::Kill),
+        nanos => nanos.parse().ok().map(|n| Line::Deadline(to_instant(n))),
+    }
+}
+
+pub async fn shard_child(args: ShardChildArgs) -> anyhow::Result<()> {
+    // Gone with `baton shards`, however it ends: the guard then kills CMD (its parent died).
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    if std::os::unix::process::parent_id() == 1 {
+        return Err(Exit(EXIT_LOST).into());
+    }
+    containment::become_subreaper().context("becoming a child subreaper")?;
+    let cage = Arc::new(Cage::create(args.containment).map_err(anyhow::Error::msg)?);
+    let _remove = crate::run::CageGuard(cage.clone());
+    let standby = Standby::spawn(&args.command, &args.election, &args.id, &cage)?;
+    // SAFETY: fd 0 is ours, and nothing else in this process uses it.
+    let stdin = unsafe { std::os::fd::OwnedFd::from_raw_fd(0) };
+    let stdin = pipe::Receiver::from_owned_fd(stdin).context("stdin is not a pipe")?;
+    let mut lines = BufReader::new(stdin).lines();
+    let first = lines.next_line().await.ok().flatten().unwrap_or_default();
+    let mut words = first.split_whitespace();
+    let (Some(token), Some(nanos)) = (
+        words.next().and_then(|w| w.parse::<u64>().ok()),
+        words.next().and_then(|w| w.parse::<u64>().ok()),
+    ) else {
+        // No term after all.
+        standby.cancel().await;
+        return Err(Exit(EXIT_LOST).into());
+    };
+    let mut deadline = to_instant(nanos);
+    if deadline <= Instant::now() {
+        standby.cancel().await;
+        return Err(Exit(EXIT_LOST).into());
+    }
+    let mut child = standby.start(token, deadline)?;
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let mut input_open = true;
+    let ending = loop {
+        tokio::select! {
+            biased;
+            line = lines.next_line(), if input_open => match line.ok().flatten().as_deref().map(parse) {
+                Some(Some(Line::Deadline(later))) => {
+                    if later > deadline {
+                        deadline = later;
+                        child.extend_deadline(Some(deadline));
+                    }
+                }
+                Some(Some(Line::Stop)) => break Ending::Stop,
+                Some(Some(Line::Kill)) => break Ending::Kill,
+                Some(None) => {}
+                None => {
+                    input_open = false;
+                    break Ending::Kill;
+                }
+            },
+            event = child.event() => match event {
+                GuardEvent::Exited(code) => break Ending::Exited(code),
+                GuardEvent::Left(code) => log::line(&format!(
+                    "baton: {}: command exited with code {code} but processes it started still \
+                     run; the term lasts until they exit",
+                    args.election
+                )),
+                GuardEvent::Expired | GuardEvent::Died(_) => break Ending::Kill,
+            },
+            _ = tick.tick() => {
+                if Instant::now() >= deadline {
+                    break Ending::Kill;
+                }
+                child.extend_deadline(Some(deadline));
+                if child.stalled() {
+                    break Ending::Kill;
+                }
+            }
+        }
+    };
+    match ending {
+        Ending::Exited(code) => {
+            child.kill_all(args.grace).await;
+            if code == 0 {
+                Ok(())
+            } else {
+                Err(Exit(code).into())
+            }
+        }
+        Ending::Stop => {
+            let kill_at = (Instant::now() + args.grace).min(deadline);
+            if kill_at > Instant::now() {
+                child.signal(libc::SIGTERM);
+                // Until everything exited, the grace ran out, or the term ended meanwhile.
+                loop {
+                    tokio::select! {
+                        _ = child.all_exited() => break,
+                        _ = tokio::time::sleep_until(kill_at) => break,
+                        line = lines.next_line(), if input_open => {
+                            match line.ok().flatten().as_deref().map(parse) {
+                                Some(Some(Line::Kill)) | None => break,
+                                _ => {}
+                            }
+                        }
+                    }
+                }
+            }
+            child.kill_all(args.grace).await;
+            Ok(())
+        }
+        Ending::Kill => {
+            child.kill_all(args.grace).await;
+            Err(Exit(EXIT_LOST).into())
+        }
+    }
+}
+
+enum Ending {
+    Exited(u8),
+    Stop,
+    Kill,
+}
