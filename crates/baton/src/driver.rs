@@ -290,6 +290,8 @@ impl LeaseKey {
 #[derive(Debug)]
 pub(crate) struct LeasePool<L> {
     leases: tokio::sync::Mutex<std::collections::HashMap<LeaseKey, Arc<L>>>,
+    /// Campaign steps in flight at once (see [`CAMPAIGN_WINDOW`]).
+    campaigns: tokio::sync::Semaphore,
     /// Set by [`LeasePool::close`]: no lease is granted after it (a requeueing candidacy would
     /// otherwise campaign again under a new one) and observers end.
     closed: watch::Sender<bool>,
@@ -299,12 +301,25 @@ impl<L> Default for LeasePool<L> {
     fn default() -> Self {
         LeasePool {
             leases: tokio::sync::Mutex::new(std::collections::HashMap::new()),
+            campaigns: tokio::sync::Semaphore::new(CAMPAIGN_WINDOW),
             closed: watch::Sender::new(false),
         }
     }
 }
 
+/// How many campaign steps (creating an entry, finding the one ahead) one backend connection
+/// runs at once. Thousands of campaigns started together (a member taking its shards) are
+/// pipelined through this window rather than sent all at once: the server answers them as
+/// fast, and the lease's renewals are not stuck behind thousands of requests (a renewal late
+/// by the TTL ends every leadership under that lease).
+pub(crate) const CAMPAIGN_WINDOW: usize = 64;
+
 impl<L> LeasePool<L> {
+    /// A place in the campaign window, held for one campaign step.
+    pub(crate) async fn campaign_slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.campaigns.acquire().await.ok()
+    }
+
     /// Whether [`LeasePool::close`] was called.
     pub(crate) fn is_closed(&self) -> bool {
         *self.closed.borrow()
@@ -705,6 +720,8 @@ impl<Q: Queue> CandidateDriver<Q> {
     }
 
     async fn create_entry(&mut self) {
+        let queue = self.queue.clone();
+        let _slot = queue.leases().campaign_slot().await;
         self.drop_watches();
         self.predecessor = None;
         // Tokens elected before our create is sent: our entry must come out above them. (Not
@@ -835,6 +852,8 @@ impl<Q: Queue> CandidateDriver<Q> {
     /// deletion suggests we are first: the same step may have deleted our entry too (a prefix
     /// delete, a shared lease revoked), and its event may not have reached us yet.
     async fn find_predecessor(&mut self, position: Position) {
+        let queue = self.queue.clone();
+        let _slot = queue.leases().campaign_slot().await;
         loop {
             match self.try_find_predecessor(position).await {
                 Ok(Some(found)) => {

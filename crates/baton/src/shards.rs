@@ -25,6 +25,8 @@ use crate::election::{validate_name, Ended};
 use crate::{Backend, CandidateOptions, Election, ElectionConfig, Error, Leadership, LossReason};
 use crate::{Candidacy, Result};
 
+pub use baton_core::shards::{assign, numbered};
+
 /// How often a member reads the membership (the cost is one read per member per interval,
 /// whatever the number of shards).
 pub const DEFAULT_POLL: Duration = Duration::from_millis(250);

@@ -36,6 +36,9 @@ enum BenchKind {
     Elections(ElectionsArgs),
     /// Resident memory of `baton run` and its guard while the command runs.
     Rss(Common),
+    /// Shard ownership: time to a balanced assignment, shards moved per join and leave,
+    /// renewals per member, memory per owned shard.
+    Shards(crate::bench_shards::ShardsBenchArgs),
     /// Load a server speaking the etcd v3 API (etcd or `baton server`): create-if-absent
     /// transactions, create/delete cycles, keep-alives or lease grants from N clients.
     Load(crate::load::LoadArgs),
@@ -133,6 +136,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Herd(args) => herd(args).await,
         BenchKind::Elections(args) => elections(args).await,
         BenchKind::Rss(args) => rss(args).await,
+        BenchKind::Shards(args) => crate::bench_shards::shards(args).await,
         BenchKind::Load(args) => crate::load::bench(args).await,
         #[cfg(feature = "postgres")]
         BenchKind::Fenced(args) => fenced(args).await,
@@ -562,7 +566,7 @@ async fn herd(args: HerdArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
@@ -585,11 +589,18 @@ async fn elections(args: ElectionsArgs) -> anyhow::Result<()> {
     let config = ElectionConfig::default().with_ttl(Duration::from_secs(2));
     for count in counts {
         let backend = crate::connect(&args.common.backend).await?;
-        let mut held = Vec::with_capacity(count);
+        // Every campaign at once: the library pipelines them (one task each, one connection).
         let started = Instant::now();
+        let mut campaigns = Vec::with_capacity(count);
         for i in 0..count {
             let election = Election::new(&backend, &unique(&format!("many{i}")), config.clone())?;
-            held.push(election.campaign("holder").await?);
+            campaigns.push(tokio::spawn(
+                async move { election.campaign("holder").await },
+            ));
+        }
+        let mut held = Vec::with_capacity(count);
+        for campaign in campaigns {
+            held.push(campaign.await??);
         }
         let campaign_time = started.elapsed();
         let before = backend.stats();
@@ -598,10 +609,11 @@ async fn elections(args: ElectionsArgs) -> anyhow::Result<()> {
         let seconds = args.window.as_secs_f64();
         let leading = held.iter().filter(|l| l.is_leading()).count();
         println!(
-            "elections={count}: still leading {leading}, renewals/s {:.2}, other requests/s {:.2}, campaigns took {:.0}ms, process RSS {} KiB",
+            "elections={count}: still leading {leading}, renewals/s {:.2}, other requests/s {:.2}, campaigns took {:.0}ms ({:.0}/s), process RSS {} KiB",
             (after.renewals - before.renewals) as f64 / seconds,
             (after.requests - before.requests) as f64 / seconds,
             campaign_time.as_secs_f64() * 1000.0,
+            count as f64 / campaign_time.as_secs_f64(),
             rss_kib(std::process::id()).unwrap_or(0)
         );
         for leadership in held {

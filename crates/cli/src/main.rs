@@ -5,6 +5,7 @@
 //! was not given; 128+N after stopping on signal N; 1 for other runtime failures.
 
 mod bench;
+mod bench_shards;
 mod containment;
 mod demo;
 mod guard;

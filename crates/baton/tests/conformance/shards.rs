@@ -124,7 +124,7 @@ async fn settled(ledger: &Arc<Mutex<Ledger>>, names: &[String], members: &[Strin
         .iter()
         .cloned()
         .zip(
-            baton_core::shards::assign(names, members)
+            baton::shards::assign(names, members)
                 .into_iter()
                 .map(|o| members[o.unwrap()].clone()),
         )
@@ -163,7 +163,7 @@ fn moved(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> usize {
 /// stay those of one lease per member.
 pub async fn check_shards_spread_and_move_little(url: &str) {
     let group = unique("shards");
-    let names = baton_core::shards::numbered(256);
+    let names = baton::shards::numbered(256);
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let ids: Vec<String> = (0..4).map(|i| format!("{group}-m{i}")).collect();
     let mut backends = Vec::new();
