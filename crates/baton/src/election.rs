@@ -145,6 +145,20 @@ impl Election {
     /// (including the backend's minimum TTL).
     pub fn new(backend: &Backend, name: &str, config: ElectionConfig) -> Result<Election> {
         validate_name("election name", name)?;
+        Election::unchecked(backend, name, config)
+    }
+
+    /// An election of a shard group (a name users cannot give [`Election::new`]).
+    pub(crate) fn for_shards(
+        backend: &Backend,
+        name: &str,
+        config: ElectionConfig,
+    ) -> Result<Election> {
+        validate_name("shard election", name)?;
+        Election::unchecked(backend, name, config)
+    }
+
+    fn unchecked(backend: &Backend, name: &str, config: ElectionConfig) -> Result<Election> {
         backend.validate_config(&config)?;
         Ok(Election {
             backend: backend.clone(),
@@ -291,9 +305,11 @@ pub(crate) fn validate_name(what: &'static str, value: &str) -> Result<()> {
         Some("must not be empty")
     } else if value.len() > 256 {
         Some("must be at most 256 bytes")
-    } else if what == "election name" && value.contains('/') {
+    } else if (what == "election name" || what == "shard election") && value.contains('/') {
         Some("must not contain '/'")
-    } else if what == "election name" && is_reserved(value) {
+    } else if what == "election name" && crate::shards::is_shard_election(value) {
+        Some("is reserved for shard groups (`@members:` and `@shard:` names)")
+    } else if (what == "election name" || what == "shard election") && is_reserved(value) {
         // Reserved: it separates an election's name from its candidates' entries.
         Some("is reserved (it separates an election from its candidates' keys)")
     } else if value.chars().any(char::is_control) {
@@ -376,6 +392,8 @@ pub struct Leadership {
     commands: mpsc::Sender<Command>,
     guard: GuardContext,
     resigned: bool,
+    /// Dropped with the leadership: tells whoever holds the receiver that its holder let go.
+    dropped: Option<oneshot::Sender<()>>,
 }
 
 impl Leadership {
@@ -397,6 +415,7 @@ impl Leadership {
             commands,
             guard,
             resigned: false,
+            dropped: None,
         }
     }
 
@@ -520,6 +539,13 @@ pub(crate) enum Ended {
 }
 
 impl Leadership {
+    /// Resolves once this handle is dropped (or resigned): its holder has stopped acting.
+    pub(crate) fn drop_signal(&mut self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        self.dropped = Some(tx);
+        rx
+    }
+
     /// Resolves when this leadership ends (as [`Leadership::lost`] does), telling a resign by
     /// its holder from a loss; it does not borrow the leadership, which may be handed on.
     pub(crate) fn ending(&self) -> impl std::future::Future<Output = Ended> + Send + 'static {

@@ -1,9 +1,9 @@
 //! Shard ownership: a group of members splits a set of shards, each shard owned by exactly
 //! one member at a time, with a fencing token per shard.
 //!
-//! Each shard is an election of its own (`<group>#<shard>`), so a shard has every guarantee a
+//! Each shard is an election of its own (`@shard:<group>:<shard>`), so a shard has every guarantee a
 //! leadership has: its owner hears of a loss before any rival can take the shard, and its token
-//! strictly increases. Membership is one more election (`<group>@members`) in which every member
+//! strictly increases. Membership is one more election (`@members:<group>`) in which every member
 //! keeps a candidacy; its participants are the live members. Every member computes the same
 //! assignment from them ([`baton_core::shards::assign`]: balanced rendezvous hashing) and
 //! campaigns for the shards assigned to it, and only those: a shard has one candidate at a
@@ -33,6 +33,10 @@ pub const DEFAULT_POLL: Duration = Duration::from_millis(250);
 /// How long the membership must stay the same before a member acts on it: members starting
 /// together settle on one assignment instead of campaigning for each intermediate one.
 pub const DEFAULT_SETTLE: Duration = Duration::from_millis(500);
+/// The longest a membership change waits for the membership to settle (at least; four times
+/// the settle time if that is longer): members joining and leaving without pause must not keep
+/// a crashed member's shards unowned.
+const MAX_SETTLE_WAIT: Duration = Duration::from_secs(2);
 /// The pause before a shard campaigns again after its campaign failed.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -47,6 +51,15 @@ pub enum ShardSet {
 }
 
 impl ShardSet {
+    /// A short description: "8 shards", or the first names.
+    fn describe(&self) -> String {
+        match self {
+            ShardSet::Count(count) => format!("{count} shards"),
+            ShardSet::Names(names) if names.len() <= 4 => format!("shards {names:?}"),
+            ShardSet::Names(names) => format!("{} named shards, {:?}…", names.len(), &names[..4]),
+        }
+    }
+
     /// The shards' names, in order.
     pub fn names(&self) -> Vec<String> {
         match self {
@@ -67,7 +80,8 @@ impl ShardSet {
         }
         let mut seen = std::collections::HashSet::new();
         for name in &names {
-            validate_name("election name", &shard_election(group, name))?;
+            validate_name("shard name", name)?;
+            validate_name("shard election", &shard_election(group, name))?;
             if !seen.insert(name) {
                 return Err(Error::InvalidName {
                     what: "shard name",
@@ -80,14 +94,41 @@ impl ShardSet {
     }
 }
 
-/// The election that decides the owner of `shard` in `group`.
+/// The election that decides the owner of `shard` in `group`. Names of this form (and of
+/// [`members_election`]) are reserved: [`Election::new`] refuses them, so no plain candidate
+/// can join a group's elections by accident.
 pub fn shard_election(group: &str, shard: &str) -> String {
-    format!("{group}#{shard}")
+    format!("@shard:{group}:{shard}")
 }
 
 /// The election whose participants are the members of `group`.
 pub fn members_election(group: &str) -> String {
-    format!("{group}@members")
+    format!("@members:{group}")
+}
+
+/// Whether `name` is a shard group's election (reserved).
+pub(crate) fn is_shard_election(name: &str) -> bool {
+    name.starts_with("@members:") || name.starts_with("@shard:")
+}
+
+/// Checks a group name: a valid election name without ':' (it separates group and shard).
+fn validate_group(group: &str) -> Result<()> {
+    validate_name("group name", group)?;
+    let reason = if group.contains('/') {
+        Some("must not contain '/'")
+    } else if group.contains(':') {
+        Some("must not contain ':'")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(Error::InvalidName {
+            what: "group name",
+            value: group.to_string(),
+            reason,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Settings of a member.
@@ -197,21 +238,41 @@ impl ShardMember {
         shards: ShardSet,
         config: ShardConfig,
     ) -> Result<ShardMember> {
-        validate_name("election name", &members_election(group))?;
+        validate_group(group)?;
         validate_name("candidate id", id)?;
         shards.validate(group)?;
         let election_config = config.election.clone().with_requeue(false);
-        let members = Election::new(
+        let members = Election::for_shards(
             backend,
             &members_election(group),
             election_config.clone().with_requeue(true),
         )?;
-        if members.participants().await?.iter().any(|m| m.id == id) {
-            return Err(Error::DuplicateId {
-                election: members_election(group),
-                id: id.to_string(),
-                entry: String::new(),
-            });
+        for member in members.participants().await? {
+            if member.id == id {
+                return Err(Error::DuplicateId {
+                    election: members_election(group),
+                    id: id.to_string(),
+                    entry: String::new(),
+                });
+            }
+            // Every member must serve the same shards: with different sets some shards would
+            // have no owner, or two members would disagree on who owns what.
+            let theirs = member
+                .value
+                .as_deref()
+                .and_then(|v| serde_json::from_str::<MemberValue>(v).ok());
+            if let Some(theirs) = theirs.filter(|t| t.shards != shards) {
+                return Err(Error::InvalidName {
+                    what: "shard set",
+                    value: format!(
+                        "{} (member {:?} serves {})",
+                        shards.describe(),
+                        member.id,
+                        theirs.shards.describe()
+                    ),
+                    reason: "differs from the shard set the group's live members serve",
+                });
+            }
         }
         let value = serde_json::to_string(&MemberValue {
             shards: shards.clone(),
@@ -277,6 +338,22 @@ impl ShardMember {
         self.leave.send_replace(true);
     }
 
+    /// The ids of the live members of `group`, sorted.
+    pub async fn members(backend: &Backend, group: &str) -> Result<Vec<String>> {
+        validate_group(group)?;
+        let members =
+            Election::for_shards(backend, &members_election(group), ElectionConfig::default())?;
+        let mut ids: Vec<String> = members
+            .participants()
+            .await?
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
     /// Who owns each shard of `group` now. The shard set is the one the live members serve; if
     /// no member is live, `shards` must say what it is.
     pub async fn status(
@@ -284,7 +361,9 @@ impl ShardMember {
         group: &str,
         shards: Option<ShardSet>,
     ) -> Result<GroupStatus> {
-        let members = Election::new(backend, &members_election(group), ElectionConfig::default())?;
+        validate_group(group)?;
+        let members =
+            Election::for_shards(backend, &members_election(group), ElectionConfig::default())?;
         let set = match shards {
             Some(set) => set,
             None => members
@@ -310,7 +389,7 @@ impl ShardMember {
         for chunk in names.chunks(64) {
             let mut reads = Vec::new();
             for name in chunk {
-                let election = Election::new(
+                let election = Election::for_shards(
                     backend,
                     &shard_election(group, name),
                     ElectionConfig::default(),
@@ -393,7 +472,7 @@ impl Member {
         for name in &self.names {
             let (tx, rx) = watch::channel(Assigned::No);
             assigned.push(tx);
-            let election = match Election::new(
+            let election = match Election::for_shards(
                 &self.backend,
                 &shard_election(&self.group, name),
                 self.config.election.clone(),
@@ -415,6 +494,10 @@ impl Member {
         let mut _membership: Option<Leadership> = None;
         let mut seen: Option<Vec<String>> = None;
         let mut since = tokio::time::Instant::now();
+        // Since when the membership read differs from the one applied: a membership that
+        // keeps changing (members flapping) is applied anyway after `max_wait`.
+        let mut pending_since: Option<tokio::time::Instant> = None;
+        let max_wait = (self.config.settle * 4).max(MAX_SETTLE_WAIT);
         let mut applied: Option<Vec<String>> = None;
         let mut ticks = tokio::time::interval(self.config.poll);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -456,9 +539,15 @@ impl Member {
                 seen = Some(view);
                 since = tokio::time::Instant::now();
             }
-            if since.elapsed() < self.config.settle || applied == seen {
+            if applied == seen {
+                pending_since = None;
                 continue;
             }
+            let pending = *pending_since.get_or_insert(since);
+            if since.elapsed() < self.config.settle && pending.elapsed() < max_wait {
+                continue;
+            }
+            pending_since = None;
             let view = seen.clone().unwrap_or_default();
             let me = view.iter().position(|m| *m == self.id);
             let owners = baton_core::shards::assign(&self.names, &view);
@@ -521,7 +610,7 @@ async fn shard_task(
                 continue;
             }
         };
-        let leadership = match won {
+        let mut leadership = match won {
             Ok(leadership) => leadership,
             Err(_) => {
                 tokio::time::sleep(RETRY_PAUSE).await;
@@ -530,6 +619,9 @@ async fn shard_task(
         };
         let token = leadership.token();
         let ending = leadership.ending();
+        // The holder letting go: only then has its work on the shard stopped, whatever ended
+        // the term. Nothing campaigns for the shard again before that.
+        let dropped = leadership.drop_signal();
         shared
             .owned
             .lock()
@@ -562,6 +654,7 @@ async fn shard_task(
                 });
                 // Held until the owner drops it: its work on the shard has stopped then.
                 let ended = ending.await;
+                let _ = dropped.await;
                 forget(&shared, &name, token);
                 if let Ended::Lost(LossReason::TokenRegressed) = ended {
                     return;
@@ -569,15 +662,20 @@ async fn shard_task(
                 continue;
             }
         };
-        forget(&shared, &name, token);
         match ended {
             // The owner gave it up itself: campaign again if it is still ours.
-            Ended::Resigned => {}
+            Ended::Resigned => {
+                let _ = dropped.await;
+                forget(&shared, &name, token);
+            }
             Ended::Lost(reason) => {
                 send(ShardEvent::Released {
                     shard: name.clone(),
                     reason: ReleaseReason::Lost(reason),
                 });
+                // The term is over, but its work may still be stopping: wait for the holder.
+                let _ = dropped.await;
+                forget(&shared, &name, token);
                 if reason == LossReason::TokenRegressed {
                     // Every new entry would get a low token too: the shard stays unowned by
                     // us (see `LossReason::TokenRegressed`).

@@ -96,7 +96,13 @@ impl Cage {
     /// Creates the containment `mode` asks for. `Err` says why a requested mechanism is not
     /// available here.
     pub fn create(mode: Mode) -> Result<Cage, String> {
-        let name = format!("baton-{}", std::process::id());
+        Cage::create_named(mode, &format!("baton-{}", std::process::id()))
+    }
+
+    /// [`Cage::create`] with a cgroup named `name` (`baton-PID` or `baton-PID-N`, PID this
+    /// process's: the sweep of stale cgroups reads it).
+    pub fn create_named(mode: Mode, name: &str) -> Result<Cage, String> {
+        let name = name.to_string();
         let attempts: &[Kind] = match mode {
             Mode::Auto => &[Kind::CgroupV2, Kind::Freezer, Kind::Subreaper],
             Mode::Cgroup => &[Kind::CgroupV2],
@@ -333,7 +339,7 @@ fn sweep_stale(dir: &std::path::Path) {
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(|n| n.strip_prefix("baton-"))
-            .and_then(|p| p.parse::<i32>().ok())
+            .and_then(|p| p.split('-').next()?.parse::<i32>().ok())
         else {
             continue;
         };

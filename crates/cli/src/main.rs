@@ -198,10 +198,16 @@ fn main() -> ExitCode {
         }
         other => other,
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // `baton shards` starts and feeds a process per owned shard: on one thread that work could
+    // hold up the lease's renewals, so it gets a second worker.
+    let mut builder = if matches!(command, Command::Shards(_)) {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(2);
+        builder
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             log::line(&format!("baton: error: cannot start the runtime: {error}"));

@@ -118,7 +118,7 @@ pub(crate) struct Signals {
 /// `pkill -QUIT -f JOB` for a JVM's thread dump, also match `baton run`'s command line. They
 /// are ignored, as the guard ignores them. The realtime signals are added in
 /// [`Signals::install`].
-const STRAY: [libc::c_int; 9] = [
+pub(crate) const STRAY: [libc::c_int; 9] = [
     libc::SIGUSR1,
     libc::SIGUSR2,
     libc::SIGQUIT,

@@ -16,6 +16,12 @@
 //! It also stops CMD on its own when the last deadline it heard of passes, and the guard does
 //! the same should this process be frozen or killed. Exit code: CMD's own when CMD exited by
 //! itself, 0 after `stop`, 3 (`EXIT_LOST`) after `kill`, the end of input or the deadline.
+//!
+//! The containment (a cgroup) is made by `baton shards` and handed over in `BATON_CAGE`: so
+//! `baton shards` can kill what is left in it, and see it empty, even when this process and
+//! the guard were killed together. Stop signals (SIGTERM, SIGINT, SIGHUP: a Ctrl-C reaches the
+//! whole process group, systemd signals every process of the unit) are ignored here: the stop
+//! comes from `baton shards`, which gives CMD its grace.
 
 use std::ffi::OsString;
 use std::sync::Arc;
@@ -29,7 +35,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
-use crate::containment::{self, Cage, Mode};
+use crate::containment::{self, Cage, CAGE_ENV};
 use crate::run::{GuardEvent, Standby};
 use crate::{guard, log, Exit, EXIT_LOST};
 
@@ -45,9 +51,6 @@ pub struct ShardChildArgs {
     /// How long CMD may take to exit after SIGTERM before SIGKILL.
     #[arg(long, value_parser = crate::run::duration)]
     grace: Duration,
-    /// What holds CMD.
-    #[arg(long, value_enum)]
-    containment: Mode,
     /// The command.
     #[arg(last = true, required = true)]
     command: Vec<OsString>,
@@ -60,6 +63,10 @@ fn to_instant(nanos: u64) -> Instant {
     let boot = guard::clock_nanos();
     now + Duration::from_nanos(nanos.saturating_sub(boot))
 }
+
+/// How often the deadline and the guard are looked at besides the events (the deadline also
+/// has a timer of its own below).
+const TICK: Duration = Duration::from_millis(200);
 
 enum Line {
     Deadline(Instant),
@@ -82,8 +89,16 @@ pub async fn shard_child(args: ShardChildArgs) -> anyhow::Result<()> {
     if std::os::unix::process::parent_id() == 1 {
         return Err(Exit(EXIT_LOST).into());
     }
+    guard::ignore_signals(
+        [libc::SIGTERM, libc::SIGINT, libc::SIGHUP]
+            .into_iter()
+            .chain(crate::run::STRAY)
+            .chain(libc::SIGRTMIN()..=libc::SIGRTMAX()),
+    );
     containment::become_subreaper().context("becoming a child subreaper")?;
-    let cage = Arc::new(Cage::create(args.containment).map_err(anyhow::Error::msg)?);
+    let cage =
+        std::env::var(CAGE_ENV).context("BATON_CAGE is not set (started by baton shards only)")?;
+    let cage = Arc::new(Cage::from_env(&cage));
     let _remove = crate::run::CageGuard(cage.clone());
     let standby = Standby::spawn(&args.command, &args.election, &args.id, &cage)?;
     // SAFETY: fd 0 is ours, and nothing else in this process uses it.
@@ -106,7 +121,7 @@ pub async fn shard_child(args: ShardChildArgs) -> anyhow::Result<()> {
         return Err(Exit(EXIT_LOST).into());
     }
     let mut child = standby.start(token, deadline)?;
-    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let mut tick = tokio::time::interval(TICK);
     let mut input_open = true;
     let ending = loop {
         tokio::select! {
@@ -135,6 +150,7 @@ pub async fn shard_child(args: ShardChildArgs) -> anyhow::Result<()> {
                 )),
                 GuardEvent::Expired | GuardEvent::Died(_) => break Ending::Kill,
             },
+            _ = tokio::time::sleep_until(deadline) => break Ending::Kill,
             _ = tick.tick() => {
                 if Instant::now() >= deadline {
                     break Ending::Kill;

@@ -63,6 +63,11 @@ macro_rules! conformance_suite {
             }
 
             #[tokio::test]
+            async fn shards_lost_waits_for_the_holder() {
+                conformance::shards::check_shards_lost_waits_for_the_holder(&$backend).await;
+            }
+
+            #[tokio::test]
             async fn shards_bad_input_is_rejected() {
                 conformance::shards::check_shards_bad_input(&$backend.url()).await;
             }

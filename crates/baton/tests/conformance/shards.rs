@@ -7,7 +7,7 @@ use std::time::Duration;
 use baton::shards::{ReleaseReason, ShardConfig, ShardEvent, ShardMember, ShardSet};
 use baton::{Backend, Error, Leadership};
 
-use super::{config, unique, within};
+use super::{config, unique, within, BackendUnderTest};
 
 /// Who acts on each shard now, across every member of the test: the in-process stand-in for a
 /// fenced register per shard. A member enters a shard on `Acquired` and leaves it before it
@@ -281,10 +281,7 @@ pub async fn check_shards_bad_input(url: &str) {
         .await
         .unwrap();
     within("the member is listed", Duration::from_secs(10), async {
-        let members =
-            baton::Election::new(&backend, &baton::shards::members_election(&group), config())
-                .unwrap();
-        while members.participants().await.unwrap().is_empty() {
+        while ShardMember::members(&backend, &group).await.unwrap() != ["same"] {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -294,6 +291,20 @@ pub async fn check_shards_bad_input(url: &str) {
         .err()
         .unwrap();
     assert!(matches!(error, Error::DuplicateId { .. }), "{error}");
+    // A member serving another shard set would leave shards unowned: refused.
+    let error = join(ShardSet::Count(8), group.clone(), "other")
+        .await
+        .expect_err("another shard set");
+    assert!(error.to_string().contains("differs"), "{error}");
+    // Group names cannot hold ':', and plain elections cannot take a group's names.
+    assert!(message(join(ShardSet::Count(4), "a:b".into(), "a").await).contains("':'"));
+    for name in [
+        baton::shards::members_election(&group),
+        baton::shards::shard_election(&group, "0"),
+    ] {
+        let error = baton::Election::new(&backend, &name, config()).unwrap_err();
+        assert!(error.to_string().contains("reserved"), "{error}");
+    }
     // Status of a group nobody serves needs the shard count.
     let error = ShardMember::status(&backend, &unique("nobody"), None)
         .await
@@ -304,5 +315,48 @@ pub async fn check_shards_bad_input(url: &str) {
         .unwrap();
     assert!(status.shards.iter().all(|s| s.owner.is_none()));
     drop(first);
+    backend.close().await;
+}
+
+/// A shard lost behind the member's back (its entry deleted): the holder hears of it, and the
+/// member campaigns for the shard again only once the holder has let go of the old term (its
+/// work may still be stopping), then with a higher token.
+pub async fn check_shards_lost_waits_for_the_holder(under_test: &impl BackendUnderTest) {
+    let backend = Backend::connect(&under_test.url()).await.unwrap();
+    let group = unique("shards-lost");
+    let mut member =
+        ShardMember::join(&backend, &group, "solo", ShardSet::Count(1), shard_config())
+            .await
+            .unwrap();
+    let Some(ShardEvent::Acquired {
+        token, leadership, ..
+    }) = within("acquired", Duration::from_secs(10), member.next()).await
+    else {
+        panic!("expected an acquisition");
+    };
+    under_test
+        .delete_leader_entry(&baton::shards::shard_election(&group, "0"))
+        .await;
+    let released = within("released", Duration::from_secs(10), member.next()).await;
+    assert!(
+        matches!(
+            released,
+            Some(ShardEvent::Released {
+                reason: ReleaseReason::Lost(_),
+                ..
+            })
+        ),
+        "{released:?}"
+    );
+    // Nothing new while the old term's holder has not let go.
+    let early = tokio::time::timeout(Duration::from_secs(1), member.next()).await;
+    assert!(early.is_err(), "{early:?}");
+    drop(leadership);
+    let Some(ShardEvent::Acquired { token: again, .. }) =
+        within("acquired again", Duration::from_secs(10), member.next()).await
+    else {
+        panic!("expected a second acquisition");
+    };
+    assert!(again > token, "{again} after {token}");
     backend.close().await;
 }

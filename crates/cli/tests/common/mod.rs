@@ -393,12 +393,28 @@ pub fn descendants(root: i32) -> Vec<i32> {
     let mut found = Vec::new();
     let mut frontier = vec![root];
     while let Some(parent) = frontier.pop() {
-        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
-            .unwrap_or_default();
-        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-            found.push(child);
-            frontier.push(child);
+        for child in children(parent as u32) {
+            found.push(child as i32);
+            frontier.push(child as i32);
         }
+    }
+    found
+}
+
+/// The children of `pid`, started by any of its threads (`/proc/PID/task/TID/children` lists
+/// those of one thread each).
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        found.extend(
+            list.split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
     }
     found
 }
