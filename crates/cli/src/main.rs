@@ -71,6 +71,9 @@ enum Command {
     /// Internal: the supervisor of one shard's command, started by `baton shards`.
     #[command(name = "__shard", hide = true)]
     ShardChild(shard_child::ShardChildArgs),
+    /// Internal: opens a `baton server` Raft log and exits (a damaged one makes redb panic).
+    #[command(name = "__open-log", hide = true)]
+    OpenLog { path: std::path::PathBuf },
     /// Internal: the process-group guard started by `baton run`.
     #[command(name = "__guard", hide = true)]
     Guard {
@@ -171,6 +174,8 @@ fn main() -> ExitCode {
         Command::Launch { command } => guard::launch(command),
         // A plain blocking loop: no runtime, no panic hook, nothing of the supervisor's.
         Command::DemoWorker(args) => return demo::store::worker(&args.store),
+        // Before the panic hook below: a panic in redb must not print "internal error".
+        Command::OpenLog { path } => return server::open_log(path),
         _ => {}
     }
     // A panic must not unwind past the supervisor's clean-up into a half-dead process: abort,
@@ -290,6 +295,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Guard { .. }
         | Command::Launch { .. }
         | Command::Server(_)
+        | Command::OpenLog { .. }
         | Command::DemoWorker(_) => {
             unreachable!("handled before the runtime starts")
         }

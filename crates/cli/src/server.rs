@@ -38,7 +38,60 @@ pub fn main(args: ServerArgs) -> anyhow::Result<()> {
     runtime.block_on(serve(args))
 }
 
+/// The Raft log's file in a data directory.
+const LOG_FILE: &str = "raft.redb";
+
+/// Opens an existing Raft log in a child process first (`baton __open-log`): redb meets some
+/// damage (a file cut short, say) with an assertion, which would abort this process with a
+/// panic; the child's failure becomes one clear line and exit code 2 instead.
+fn check_log(data: &std::path::Path) -> anyhow::Result<()> {
+    let path = data.join(LOG_FILE);
+    if !path.exists() {
+        return Ok(());
+    }
+    let me = std::env::current_exe().context("finding the baton executable")?;
+    let output = std::process::Command::new(me)
+        .arg("__open-log")
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("checking the Raft log")?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // The child's own one line, or redb's assertion (the line after "panicked at").
+    let why = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .find(|l| !l.starts_with("baton: internal error") && !l.contains("panicked at"))
+        .or_else(|| stderr.lines().find(|l| !l.trim().is_empty()))
+        .unwrap_or("it could not be opened")
+        .trim_start_matches("baton: error: ")
+        .to_string();
+    Err(UsageError(format!(
+        "the Raft log {} cannot be opened ({why}); it is damaged: restore the data directory \
+         from a backup, or move it away to start an empty server",
+        path.display()
+    ))
+    .into())
+}
+
+/// `baton __open-log PATH`: opens the Raft log and exits 0, or prints why not and exits 2 (a
+/// panic inside redb aborts, which the parent also reads as failure).
+pub fn open_log(path: &std::path::Path) -> std::process::ExitCode {
+    match baton_server::log_store::open_database(path) {
+        Ok(_) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("baton: error: {error}");
+            std::process::ExitCode::from(crate::EXIT_USAGE)
+        }
+    }
+}
+
 async fn serve(args: ServerArgs) -> anyhow::Result<()> {
+    check_log(&args.data)?;
     let mut config = baton_server::ServerConfig::new(args.listen, args.data);
     config.history_revisions = args.history;
     config.snapshot_every = args.snapshot_every;

@@ -730,3 +730,26 @@ fn a_server_stopped_beyond_the_ttl_stops_the_leader_first() {
         "tokens must increase: {token} then {successor}"
     );
 }
+
+/// A Raft log cut short (a disk that filled up, a bad copy) is refused with one line and exit
+/// code 2, not a panic inside redb; restored whole, the server starts again with its data.
+#[test]
+fn a_truncated_raft_log_is_refused_with_one_line() {
+    let dir = scratch("server-truncated");
+    let mut server = ServerProcess::start("127.0.0.1:0", &dir);
+    put_many(&server, 10);
+    let revision = revision_of(&server);
+    server.stop();
+    let path = dir.join("raft.redb");
+    let pristine = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &pristine[..5_000]).unwrap();
+    let line = refused(&dir, &[]);
+    assert!(
+        line.contains("raft.redb") && line.contains("damaged"),
+        "{line}"
+    );
+    assert!(!line.contains("panicked"), "{line}");
+    std::fs::write(&path, &pristine).unwrap();
+    server.restart();
+    assert_eq!(revision_of(&server), revision);
+}
