@@ -312,7 +312,7 @@ impl<L> Default for LeasePool<L> {
 /// pipelined through this window rather than sent all at once: the server answers them as
 /// fast, and the lease's renewals are not stuck behind thousands of requests (a renewal late
 /// by the TTL ends every leadership under that lease).
-pub(crate) const CAMPAIGN_WINDOW: usize = 64;
+pub(crate) const CAMPAIGN_WINDOW: usize = 128;
 
 impl<L> LeasePool<L> {
     /// A place in the campaign window, held for one campaign step.
