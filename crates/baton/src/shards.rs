@@ -211,6 +211,7 @@ pub struct ShardMember {
     events: mpsc::UnboundedReceiver<ShardEvent>,
     leave: watch::Sender<bool>,
     owned: Arc<Mutex<BTreeMap<String, u64>>>,
+    ended: Arc<Mutex<Option<String>>>,
     group: String,
     id: String,
 }
@@ -219,6 +220,8 @@ pub struct ShardMember {
 struct Shared {
     events: mpsc::UnboundedSender<ShardEvent>,
     owned: Arc<Mutex<BTreeMap<String, u64>>>,
+    /// Why the member left the group on its own, if it did.
+    ended: Arc<Mutex<Option<String>>>,
 }
 
 /// The membership value: the shard set the member serves (so `status` can list shards).
@@ -283,15 +286,18 @@ impl ShardMember {
         let (events_tx, events) = mpsc::unbounded_channel();
         let (leave, leaving) = watch::channel(false);
         let owned = Arc::new(Mutex::new(BTreeMap::new()));
+        let ended = Arc::new(Mutex::new(None));
         let shared = Arc::new(Shared {
             events: events_tx,
             owned: owned.clone(),
+            ended: ended.clone(),
         });
         let member = Member {
             backend: backend.clone(),
             group: group.to_string(),
             id: id.to_string(),
             names: shards.names(),
+            set: shards.clone(),
             config: ShardConfig {
                 election: election_config,
                 ..config
@@ -305,6 +311,7 @@ impl ShardMember {
             events,
             leave,
             owned,
+            ended,
             group: group.to_string(),
             id: id.to_string(),
         })
@@ -329,6 +336,14 @@ impl ShardMember {
     /// This member's id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Why this member left the group on its own, once [`ShardMember::next`] has returned
+    /// `None`: `None` after [`ShardMember::leave`] or a closed backend. Today the one reason is
+    /// a member that joined first serving another shard set (two members that joined at the
+    /// same moment can both pass the check at join).
+    pub fn error(&self) -> Option<String> {
+        self.ended.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Starts leaving the group: campaigns stop, every owned shard gets a
@@ -458,6 +473,8 @@ struct Member {
     group: String,
     id: String,
     names: Vec<String>,
+    /// The shard set this member serves (its membership value).
+    set: ShardSet,
     config: ShardConfig,
     members: Election,
     /// The membership candidacy's options (its value: the shard set).
@@ -532,6 +549,14 @@ impl Member {
                 // Unreachable: the shards' leaderships end on their own at their deadlines.
                 Err(_) => continue,
             };
+            // Members that joined at the same moment with different shard sets both passed the
+            // check at join: the one that joined later (behind in the membership's queue order)
+            // leaves, so the group serves one set.
+            if let Some(conflict) = self.conflict(&participants) {
+                tracing::warn!("shard group {}: {conflict}", self.group);
+                *self.shared.ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(conflict);
+                break;
+            }
             let mut view: Vec<String> = participants.into_iter().map(|m| m.id).collect();
             view.sort();
             view.dedup();
@@ -570,6 +595,25 @@ impl Member {
         candidacy.resign().await;
         drop(_membership);
         // Dropping `self.shared` (the last sender) ends the event stream.
+    }
+}
+
+impl Member {
+    /// A member ahead of us in the membership serving another shard set, described.
+    fn conflict(&self, participants: &[crate::LeaderInfo]) -> Option<String> {
+        let mine = participants.iter().position(|m| m.id == self.id)?;
+        participants[..mine].iter().find_map(|member| {
+            let theirs = serde_json::from_str::<MemberValue>(member.value.as_deref()?).ok()?;
+            (theirs.shards != self.set).then(|| {
+                format!(
+                    "this member serves {} but member {:?}, which joined first, serves {}: \
+                     every member of a group must serve the same shards; this member left",
+                    self.set.describe(),
+                    member.id,
+                    theirs.shards.describe()
+                )
+            })
+        })
     }
 }
 

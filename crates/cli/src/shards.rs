@@ -278,9 +278,10 @@ async fn member(args: MemberArgs) -> anyhow::Result<()> {
     })
     .await;
     note(&group, format_args!("left; every shard released"));
-    match stopped_by {
-        Some(signal) => Err(Exit(128 + signal as u8).into()),
-        None => Err(baton::Error::Closed).context("the membership ended"),
+    match (stopped_by, member.error()) {
+        (Some(signal), _) => Err(Exit(128 + signal as u8).into()),
+        (None, Some(why)) => Err(UsageError(format!("group {group}: {why}")).into()),
+        (None, None) => Err(baton::Error::Closed).context("the membership ended"),
     }
 }
 

@@ -296,6 +296,44 @@ pub async fn check_shards_bad_input(url: &str) {
         .await
         .expect_err("another shard set");
     assert!(error.to_string().contains("differs"), "{error}");
+    // Two members joining at the same moment with different sets may both pass the check at
+    // join: then the one that joined later leaves on its own, saying why.
+    let race = unique("shards-race");
+    let (a, b) = tokio::join!(
+        join(ShardSet::Count(4), race.clone(), "first"),
+        join(ShardSet::Count(8), race.clone(), "second")
+    );
+    match (a, b) {
+        (Ok(mut a), Ok(mut b)) => {
+            async fn until_end(member: &mut ShardMember) {
+                while let Some(event) = member.next().await {
+                    drop(event);
+                }
+            }
+            let a_ended = within("one of the two leaves", Duration::from_secs(20), async {
+                tokio::select! {
+                    _ = until_end(&mut a) => true,
+                    _ = until_end(&mut b) => false,
+                }
+            })
+            .await;
+            let (ended, stays) = if a_ended { (&a, &b) } else { (&b, &a) };
+            let why = ended.error().expect("why it left");
+            assert!(why.contains("joined first"), "{why}");
+            assert_eq!(stays.error(), None);
+            within("the leaver is gone", Duration::from_secs(10), async {
+                while ShardMember::members(&backend, &race).await.unwrap() != [stays.id()] {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+        }
+        (a, b) => {
+            // One saw the other at join and was refused.
+            let error = a.err().or(b.err()).unwrap();
+            assert!(error.to_string().contains("differs"), "{error}");
+        }
+    }
     // Group names cannot hold ':', and plain elections cannot take a group's names.
     assert!(message(join(ShardSet::Count(4), "a:b".into(), "a").await).contains("':'"));
     for name in [
