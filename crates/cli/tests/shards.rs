@@ -548,6 +548,10 @@ fn a_killed_supervisor_and_guard_leave_nothing_of_the_command() {
     let daemon = wait_for("the daemon", Duration::from_secs(20), || {
         read_number(&dir.join("daemons"))
     });
+    // The command has recorded its token too (it does so after forking the daemon).
+    wait_for("the first token", Duration::from_secs(5), || {
+        read_number(&dir.join("tokens"))
+    });
     let supervisor = wait_for("the supervisor", Duration::from_secs(5), || {
         children(member.id()).into_iter().find(|&pid| {
             std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
