@@ -110,8 +110,8 @@ struct ElectionsArgs {
     #[command(flatten)]
     common: Common,
     /// Comma-separated numbers of elections to hold at once.
-    #[arg(long, default_value = "1,100,1000")]
-    counts: String,
+    #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
+    counts: Vec<usize>,
     /// How long to measure each count.
     #[arg(long, default_value = "10s", value_parser = duration)]
     window: Duration,
@@ -575,19 +575,8 @@ pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 async fn elections(args: ElectionsArgs) -> anyhow::Result<()> {
-    let counts: Vec<usize> = args
-        .counts
-        .split(',')
-        .map(|c| c.trim().parse())
-        .collect::<Result<_, _>>()
-        .map_err(|_| {
-            UsageError(format!(
-                "--counts {:?} is not a list of numbers",
-                args.counts
-            ))
-        })?;
     let config = ElectionConfig::default().with_ttl(Duration::from_secs(2));
-    for count in counts {
+    for count in args.counts {
         let backend = crate::connect(&args.common.backend).await?;
         // Every campaign at once: the library pipelines them (one task each, one connection).
         let started = Instant::now();

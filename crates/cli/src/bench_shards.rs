@@ -13,16 +13,14 @@ use baton::shards::{ShardConfig, ShardEvent, ShardMember, ShardSet};
 use baton::{ElectionConfig, Leadership};
 use clap::Args;
 
-use crate::UsageError;
-
 #[derive(Debug, Args)]
 pub struct ShardsBenchArgs {
     /// Backend URL.
     #[arg(long, env = "BATON_BACKEND")]
     backend: String,
     /// Comma-separated member counts.
-    #[arg(long, default_value = "3,10")]
-    members: String,
+    #[arg(long, value_delimiter = ',', default_value = "3,10")]
+    members: Vec<usize>,
     /// Shards in the group.
     #[arg(long, default_value_t = 1000)]
     shards: u32,
@@ -137,23 +135,12 @@ fn moved(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> usize {
 }
 
 pub async fn shards(args: ShardsBenchArgs) -> anyhow::Result<()> {
-    let counts: Vec<usize> = args
-        .members
-        .split(',')
-        .map(|c| c.trim().parse())
-        .collect::<Result<_, _>>()
-        .map_err(|_| {
-            UsageError(format!(
-                "--members {:?} is not a list of numbers",
-                args.members
-            ))
-        })?;
     let config = ShardConfig {
         election: ElectionConfig::default().with_ttl(args.ttl),
         ..ShardConfig::default()
     };
     let names = baton::shards::numbered(args.shards);
-    for count in counts {
+    for count in args.members {
         let group = format!("bench-shards-{}-{}", std::process::id(), count);
         let owners: Owners = Arc::default();
         let rss_before = crate::bench::rss_kib(std::process::id()).unwrap_or(0);
