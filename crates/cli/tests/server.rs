@@ -753,3 +753,71 @@ fn a_truncated_raft_log_is_refused_with_one_line() {
     server.restart();
     assert_eq!(revision_of(&server), revision);
 }
+
+/// `baton shards` across a server restart within the TTL: every shard keeps its owner and its
+/// token (the leases restart with their full TTL), and no command is stopped or started again.
+#[test]
+fn baton_shards_across_a_server_restarted_within_the_ttl_keeps_every_owner() {
+    let dir = scratch("server-restart-shards");
+    let mut server = ServerProcess::start("127.0.0.1:0", &dir.join("data"));
+    let url = format!("etcd://{}/shards", server.addr);
+    let d = dir.display();
+    let script = format!("echo $BATON_SHARD $BATON_TOKEN $$ >> {d}/starts; exec sleep 600");
+    let members: Vec<Child> = ["a", "b"]
+        .iter()
+        .map(|id| {
+            baton()
+                .args(["shards", "--backend", &url, "--group", "g", "--id", id])
+                .args(["--shards", "4", "--ttl", "4s", "--settle", "200ms"])
+                .args(["--", "sh", "-c", &script])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let owners = || -> Option<String> {
+        let output = baton()
+            .args([
+                "shards",
+                "status",
+                "--backend",
+                &url,
+                "--group",
+                "g",
+                "--shards",
+                "4",
+            ])
+            .output()
+            .ok()?;
+        let status: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        let shards = status["shards"].as_array()?;
+        let ids: Vec<&str> = shards
+            .iter()
+            .filter_map(|s| s["owner"]["id"].as_str())
+            .collect();
+        let balanced = ids.len() == 4 && ids.iter().filter(|id| **id == "a").count() == 2;
+        balanced.then(|| status.to_string())
+    };
+    let before = wait_for("4 shards over 2 members", Duration::from_secs(20), owners);
+    let starts = || std::fs::read_to_string(dir.join("starts")).unwrap_or_default();
+    wait_for("4 commands started", Duration::from_secs(10), || {
+        (starts().lines().count() == 4).then_some(())
+    });
+    let started = starts();
+    server.stop();
+    server.restart();
+    // Well past the TTL: renewals found the restarted server.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(owners().as_deref(), Some(before.as_str()));
+    assert_eq!(starts(), started, "a command was started again");
+    for line in started.lines() {
+        let pid: u64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert!(common::alive(pid), "a shard's command was stopped: {line}");
+    }
+    for mut member in members {
+        signal(member.id() as i32, libc::SIGTERM);
+        assert_eq!(member.wait().unwrap().code(), Some(128 + libc::SIGTERM));
+    }
+}
