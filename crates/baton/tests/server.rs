@@ -15,6 +15,17 @@ fn url() -> String {
 
 struct ServerUnderTest;
 
+/// A fresh server of the test's own (not the shared one), and a client of it.
+async fn own_server() -> (BackgroundServer, etcd_client::Client) {
+    let server = tokio::task::spawn_blocking(BackgroundServer::start)
+        .await
+        .unwrap();
+    let client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    (server, client)
+}
+
 impl conformance::BackendUnderTest for ServerUnderTest {
     type Rewindable = BackgroundServer;
 
@@ -31,13 +42,8 @@ impl conformance::BackendUnderTest for ServerUnderTest {
     }
 
     async fn rewindable(&self) -> BackgroundServer {
-        let server = tokio::task::spawn_blocking(BackgroundServer::start)
-            .await
-            .unwrap();
+        let (server, mut client) = own_server().await;
         // Raise the revision well above what the fresh server will reach in a test.
-        let mut client = etcd_client::Client::connect([server.endpoint()], None)
-            .await
-            .unwrap();
         for i in 0..100 {
             client.put("/filler", i.to_string(), None).await.unwrap();
         }
@@ -61,4 +67,56 @@ conformance_suite!(ServerUnderTest);
 #[tokio::test]
 async fn nested_prefixes_are_independent() {
     check_nested_prefixes_are_independent(&url()).await;
+}
+
+/// A txn that writes on no branch is a read, as in etcd: answered at the current revision
+/// without a place in the Raft log (no fsync on a waiter's find-predecessor); a txn that may
+/// write still goes through the log, even when the branch it takes only reads.
+#[tokio::test]
+async fn read_only_txns_take_no_place_in_the_log() {
+    use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+    let (_server, mut client) = own_server().await;
+    client.put("/ro/a", "1", None).await.unwrap();
+    let put = client.put("/ro/b", "2", None).await.unwrap();
+    let revision = put.header().unwrap().revision();
+    let log_index = |status: etcd_client::StatusResponse| status.raft_index();
+    let before = log_index(client.status().await.unwrap());
+    let read = Txn::new()
+        .when([Compare::value("/ro/a", CompareOp::Equal, "1")])
+        .and_then([
+            TxnOp::get("/ro/", Some(GetOptions::new().with_prefix())),
+            TxnOp::txn(Txn::new().and_then([TxnOp::get("/ro/b", None)])),
+        ])
+        .or_else([TxnOp::get("/ro/missing", None)]);
+    let answer = client.txn(read).await.unwrap();
+    assert!(answer.succeeded());
+    assert_eq!(answer.header().unwrap().revision(), revision);
+    let TxnOpResponse::Get(all) = &answer.op_responses()[0] else {
+        panic!("expected a range response, got {:?}", answer.op_responses());
+    };
+    assert_eq!(all.kvs().len(), 2);
+    assert_eq!(all.header().unwrap().revision(), revision);
+    assert_eq!(
+        log_index(client.status().await.unwrap()),
+        before,
+        "a read-only txn was written to the log"
+    );
+    // The failure branch writes: the txn goes through the log, though it only reads.
+    let may_write = Txn::new()
+        .when([Compare::value("/ro/a", CompareOp::Equal, "1")])
+        .and_then([TxnOp::get("/ro/a", None)])
+        .or_else([TxnOp::put("/ro/c", "3", None)]);
+    let answer = client.txn(may_write).await.unwrap();
+    assert!(answer.succeeded());
+    assert_eq!(answer.header().unwrap().revision(), revision);
+    assert_eq!(log_index(client.status().await.unwrap()), before + 1);
+    // A compacted revision inside a read-only txn is the same error as for a range.
+    client.put("/ro/a", "4", None).await.unwrap();
+    client.compact(revision + 1, None).await.unwrap();
+    let old = Txn::new().and_then([TxnOp::get(
+        "/ro/a",
+        Some(GetOptions::new().with_revision(revision)),
+    )]);
+    let error = client.txn(old).await.unwrap_err().to_string();
+    assert!(error.contains("compacted"), "{error}");
 }

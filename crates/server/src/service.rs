@@ -167,7 +167,19 @@ impl Kv for Service {
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        match self.write(Command::Txn(request.into_inner())).await? {
+        let request = request.into_inner();
+        // A txn that cannot write is a read, as in etcd: no place in the log (and no fsync),
+        // only the linearizable-read wait that ranges have.
+        if crate::store::txn_is_read_only(&request) {
+            self.node.linearizable().await?;
+            let core = lock(&self.node.core);
+            if let Some(answer) = core.store.read_txn(&request) {
+                let mut response = answer.map_err(|e| status(&e))?;
+                fill_txn_headers(&mut response, core.header(core.store.revision()));
+                return Ok(Response::new(response));
+            }
+        }
+        match self.write(Command::Txn(request)).await? {
             (CommandResponse::Txn(mut r), header) => {
                 fill_txn_headers(&mut r, header);
                 Ok(Response::new(r))

@@ -36,6 +36,7 @@ mod model_tests;
 mod tests;
 
 pub use read::in_range;
+pub use txn::txn_is_read_only;
 
 /// etcd's `MaxLeaseTTL`: a grant asking for more is refused.
 pub const MAX_LEASE_TTL_SECONDS: i64 = 9_000_000_000;

@@ -791,8 +791,13 @@ fn request_op() -> impl Strategy<Value = RequestOp> {
         4 => put_request().prop_map(Request::RequestPut),
         2 => delete_request().prop_map(Request::RequestDeleteRange),
         2 => range_request().prop_map(Request::RequestRange),
-    ]
-    .prop_map(|request| RequestOp {
+    ];
+    with_nested_txns(leaf)
+}
+
+/// `leaf` ops, and txns (two levels deep at most) of them.
+fn with_nested_txns(leaf: impl Strategy<Value = Request> + 'static) -> BoxedStrategy<RequestOp> {
+    let leaf = leaf.prop_map(|request| RequestOp {
         request: Some(request),
     });
     leaf.prop_recursive(2, 8, 3, |inner| {
@@ -809,19 +814,32 @@ fn request_op() -> impl Strategy<Value = RequestOp> {
                 })),
             })
     })
+    .boxed()
 }
 
-fn txn_request() -> impl Strategy<Value = TxnRequest> {
+/// A txn of `op`s.
+fn txn_of(op: BoxedStrategy<RequestOp>) -> impl Strategy<Value = TxnRequest> {
     (
         prop::collection::vec(compare(), 0..3),
-        prop::collection::vec(request_op(), 0..5),
-        prop::collection::vec(request_op(), 0..3),
+        prop::collection::vec(op.clone(), 0..5),
+        prop::collection::vec(op, 0..3),
     )
         .prop_map(|(compare, success, failure)| TxnRequest {
             compare,
             success,
             failure,
         })
+}
+
+fn txn_request() -> impl Strategy<Value = TxnRequest> {
+    txn_of(request_op().boxed())
+}
+
+/// Txns that write on no branch (answered without the log): ranges and nested such txns.
+fn read_only_txn() -> impl Strategy<Value = TxnRequest> {
+    txn_of(with_nested_txns(
+        range_request().prop_map(Request::RequestRange),
+    ))
 }
 
 /// Short TTLs (raised to the minimum) and, rarely, one too large.
@@ -834,6 +852,7 @@ fn command() -> impl Strategy<Value = Command> {
         5 => put_request().prop_map(Command::Put),
         2 => delete_request().prop_map(Command::DeleteRange),
         4 => txn_request().prop_map(Command::Txn),
+        2 => read_only_txn().prop_map(Command::Txn),
         2 => (0..3i64, ttl()).prop_map(|(id, ttl_seconds)| Command::LeaseGrant { id, ttl_seconds }),
         1 => (0..3i64).prop_map(|id| Command::LeaseRevoke { id }),
         1 => (-1..25i64).prop_map(|revision| Command::Compact { revision }),
@@ -901,7 +920,19 @@ proptest! {
         let mut model = Model::new();
         for (command, probe) in &steps {
             let precheck = store.precheck(command);
+            // A txn that cannot write is answered as a read: exactly what applying it gives,
+            // and applying it changes nothing.
+            let read = match command {
+                Command::Txn(txn) => store.read_txn(txn),
+                _ => None,
+            };
+            let revision = store.revision();
             let applied = store.apply(command);
+            if let Some(read) = read {
+                prop_assert_eq!(&applied.result, &read.map(CommandResponse::Txn), "read {:?}", command);
+                prop_assert_eq!(applied.revision, revision);
+                prop_assert!(applied.events.is_empty());
+            }
             let expected = model.apply(command);
             prop_assert_eq!(&applied, &expected, "command {:?}", command);
             // A stateless fault found by precheck is the error apply gives.

@@ -9,7 +9,8 @@ use crate::proto::etcdserverpb::{
     compare::{CompareResult, CompareTarget, TargetUnion},
     request_op::Request,
     response_op::Response,
-    Compare, PutResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
+    Compare, PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseHeader, ResponseOp,
+    TxnRequest, TxnResponse,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -65,6 +66,63 @@ impl Store {
             self.revision = writer.revision;
         }
         Ok(response)
+    }
+
+    /// A txn that writes on no branch (etcd's `isTxnReadonly`), answered from the current state
+    /// without a place in the log; `None` for a txn that may write. The answer is exactly what
+    /// applying it would give, and applying it would change nothing.
+    pub fn read_txn(&self, request: &TxnRequest) -> Option<Result<TxnResponse, StoreError>> {
+        if !txn_is_read_only(request) {
+            return None;
+        }
+        let answer = || {
+            check::txn(request, self.config.max_txn_operations)?;
+            let path = self.path(request);
+            let mut ops = Vec::new();
+            ops_on_path(request, &path, &mut ops);
+            self.check_ops(&ops)?;
+            let mut response = self.read_path(request, &path);
+            response.header = None;
+            Ok(response)
+        };
+        Some(answer())
+    }
+
+    /// [`Store::run_txn`] for a read-only txn: nothing to write, so `&self`.
+    fn read_path(&self, request: &TxnRequest, path: &Path) -> TxnResponse {
+        let mut nested = path.nested.iter();
+        let responses = branch(request, path.succeeded)
+            .iter()
+            .map(|op| ResponseOp {
+                response: match op.request.as_ref() {
+                    Some(Request::RequestRange(range)) => {
+                        Some(Response::ResponseRange(self.read_op(range, self.revision)))
+                    }
+                    Some(Request::RequestTxn(txn)) => nested
+                        .next()
+                        .map(|path| Response::ResponseTxn(self.read_path(txn, path))),
+                    // `read_only` let no write through.
+                    Some(Request::RequestPut(_) | Request::RequestDeleteRange(_)) | None => None,
+                },
+            })
+            .collect();
+        TxnResponse {
+            header: Some(ResponseHeader::default()),
+            succeeded: path.succeeded,
+            responses,
+        }
+    }
+
+    /// A range inside a txn, whose reads report the revision `current`. Its revision was
+    /// checked against the state before the txn; 0 reads the txn's own writes so far.
+    fn read_op(&self, range: &RangeRequest, current: i64) -> RangeResponse {
+        let at = match range.revision {
+            revision if revision > 0 => ReadAt::Revision(revision),
+            _ => ReadAt::Latest,
+        };
+        let mut response = self.range_at(range, at);
+        response.header = header(current);
+        response
     }
 
     /// Evaluates the compares of the txn and of the nested txns it will run.
@@ -136,15 +194,7 @@ impl Store {
     ) -> Option<Response> {
         let response = match op.request.as_ref()? {
             Request::RequestRange(range) => {
-                // A revision was checked against the state before the txn; 0 reads the txn's
-                // own writes so far.
-                let at = match range.revision {
-                    revision if revision > 0 => ReadAt::Revision(revision),
-                    _ => ReadAt::Latest,
-                };
-                let mut response = self.range_at(range, at);
-                response.header = header(writer.current());
-                Response::ResponseRange(response)
+                Response::ResponseRange(self.read_op(range, writer.current()))
             }
             Request::RequestPut(put) => {
                 let prev = self.write_put(put, writer.revision);
@@ -167,6 +217,19 @@ impl Store {
         };
         Some(response)
     }
+}
+
+/// Whether no op on any branch, nested txns included, writes.
+pub fn txn_is_read_only(request: &TxnRequest) -> bool {
+    request
+        .success
+        .iter()
+        .chain(&request.failure)
+        .all(|op| match &op.request {
+            Some(Request::RequestPut(_) | Request::RequestDeleteRange(_)) => false,
+            Some(Request::RequestTxn(nested)) => txn_is_read_only(nested),
+            Some(Request::RequestRange(_)) | None => true,
+        })
 }
 
 /// The ops a txn runs when its compares did (not) hold.
