@@ -17,6 +17,7 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, StorageError, Vote};
@@ -152,12 +153,35 @@ fn load(db: &Database) -> io::Result<Cached> {
     Ok(cached)
 }
 
+/// How long writes that acknowledge nothing (the committed index, purges) wait to ride along
+/// with the next write that does, before they are committed on their own.
+const DEFER_UNACKNOWLEDGED: Duration = Duration::from_millis(200);
+
 /// The writer thread: commit everything queued since the last commit in one transaction.
+/// Writes nobody waits for are held back and go with the next one somebody does: every client
+/// write moves the committed index, and a transaction of its own for it would cost as much as
+/// the write (and keep the writer busy just when the next write arrives).
 fn write_loop(db: &Database, queue: &mpsc::Receiver<Write>) {
-    while let Ok(first) = queue.recv() {
-        let mut batch = vec![first];
-        while let Ok(next) = queue.try_recv() {
-            batch.push(next);
+    let mut held: Vec<Write> = Vec::new();
+    loop {
+        // With writes held back, wait only so long; then (or when the log closes) they go alone.
+        let next = if held.is_empty() {
+            match queue.recv() {
+                Ok(write) => Some(write),
+                Err(_) => return,
+            }
+        } else {
+            queue.recv_timeout(DEFER_UNACKNOWLEDGED).ok()
+        };
+        let held_long_enough = next.is_none();
+        let mut batch = std::mem::take(&mut held);
+        batch.extend(next);
+        while let Ok(write) = queue.try_recv() {
+            batch.push(write);
+        }
+        if !held_long_enough && !batch.iter().any(waited_for) {
+            held = batch;
+            continue;
         }
         let result = commit(db, &batch).map_err(|e| e.to_string());
         for write in batch {
@@ -178,13 +202,17 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Write>) {
     }
 }
 
+/// Whether somebody waits for this write to be durable (appends, truncations, votes); the
+/// committed index and purges are not (openraft re-derives them after a crash).
+fn waited_for(write: &Write) -> bool {
+    !matches!(write, Write::Purge(_) | Write::Committed(_))
+}
+
 fn commit(db: &Database, batch: &[Write]) -> io::Result<()> {
     let mut txn = db.begin_write().map_err(redb_io)?;
     // Only batches that acknowledge something need an fsync; the committed index alone can
     // wait for the next one (openraft re-derives it after a crash).
-    let durable = batch
-        .iter()
-        .any(|w| !matches!(w, Write::Purge(_) | Write::Committed(_)));
+    let durable = batch.iter().any(waited_for);
     txn.set_durability(if durable {
         Durability::Immediate
     } else {
