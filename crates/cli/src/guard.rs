@@ -491,6 +491,11 @@ fn guard_loop(guard: &mut Guard, cmd: i32, mut deadline: u64) -> ! {
         if let Some(code) = code {
             if !children_left && guard.cage.is_empty() {
                 let _ = report(&format!("exit {code}"));
+                // The supervisor, woken by that report, resigns next; it is often queued on
+                // this CPU, behind our own exit (tearing down a process takes a few hundred
+                // microseconds). Let it go first: the handoff waits for it, not for us.
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
                 std::process::exit(code);
             }
             if !told_left {
