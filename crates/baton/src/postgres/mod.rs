@@ -62,8 +62,14 @@ const SCHEMA_VERSION: i32 = 1;
 /// Bound on every statement (and on connecting).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Connections a backend keeps for its statements (renewals and notifications have their own).
+/// Connections a backend may keep for its statements (renewals and notifications have their
+/// own). It starts with one; the next is opened only when statements have waited
+/// [`POOL_GROW_AFTER`] for a connection (many elections campaigning at once), so a process with
+/// one election, like `baton run`, keeps three connections in all.
 const POOL: usize = 2;
+
+/// How long a statement waits for a busy connection before the pool opens another.
+const POOL_GROW_AFTER: Duration = Duration::from_millis(20);
 
 /// Without notifications (behind a transaction-mode pooler), how often a waiter looks at the
 /// leader's entry it waits on: the most a graceful handoff can be delayed.
@@ -306,30 +312,23 @@ struct Target {
 }
 
 /// A few connections, each used by one task at a time (a transaction needs its connection to
-/// itself); a broken one is replaced on its next use.
+/// itself); a broken one is replaced on its next use. Slots are taken into use in order, the
+/// next only when the ones in use stay busy (see [`POOL`]).
 struct Pool {
     target: Target,
     /// What warms a new connection (none until the schema exists).
     warm: std::sync::OnceLock<String>,
     slots: Vec<tokio::sync::Mutex<Option<Client>>>,
+    /// Slots `0..in_use` are in use; the others have never been connected.
+    in_use: AtomicUsize,
     next: AtomicUsize,
 }
 
+type PoolGuard<'a> = tokio::sync::MutexGuard<'a, Option<Client>>;
+
 impl Pool {
     async fn get(&self) -> Result<tokio::sync::MappedMutexGuard<'_, Client>> {
-        // Any free slot; else wait for the next one in turn.
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut slot = None;
-        for i in 0..self.slots.len() {
-            if let Ok(guard) = self.slots[(start + i) % self.slots.len()].try_lock() {
-                slot = Some(guard);
-                break;
-            }
-        }
-        let mut slot = match slot {
-            Some(slot) => slot,
-            None => self.slots[start % self.slots.len()].lock().await,
-        };
+        let mut slot = self.slot().await;
         if slot.as_ref().is_none_or(Client::is_closed) {
             *slot = Some(self.open_warm().await?);
         }
@@ -338,11 +337,45 @@ impl Pool {
         }))
     }
 
-    /// Opens every connection and warms it for `schema`, so that none is opened (or
+    /// A free slot in use; else the next one in turn when it comes free, or, once the wait has
+    /// lasted [`POOL_GROW_AFTER`], a slot not in use yet.
+    async fn slot(&self) -> PoolGuard<'_> {
+        let in_use = self.in_use.load(Ordering::Acquire);
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        for i in 0..in_use {
+            if let Ok(guard) = self.slots[(start + i) % in_use].try_lock() {
+                return guard;
+            }
+        }
+        let in_turn = self.slots[start % in_use].lock();
+        if in_use >= self.slots.len() {
+            return in_turn.await;
+        }
+        tokio::select! {
+            guard = in_turn => guard,
+            _ = tokio::time::sleep(POOL_GROW_AFTER) => self.grow(in_use).await,
+        }
+    }
+
+    /// Takes slot `seen` into use (or, if another statement did so meanwhile, whatever comes
+    /// free first).
+    async fn grow(&self, seen: usize) -> PoolGuard<'_> {
+        match self
+            .in_use
+            .compare_exchange(seen, seen + 1, Ordering::AcqRel, Ordering::Acquire)
+        {
+            // Nobody has locked a slot not in use: it is free.
+            Ok(_) => self.slots[seen].lock().await,
+            Err(_) => Box::pin(self.slot()).await,
+        }
+    }
+
+    /// Opens the first connection and warms it for `schema`, so that none is opened (or
     /// warmed) on the handoff's path.
     async fn fill(&self, schema: &str) -> Result<()> {
         let _ = self.warm.set(warm_sql(schema));
-        for slot in &self.slots {
+        let in_use = self.in_use.load(Ordering::Acquire);
+        for slot in &self.slots[..in_use] {
             let mut slot = slot.lock().await;
             match slot.as_ref() {
                 Some(client) if !client.is_closed() => self.warm_up(client).await,
@@ -565,6 +598,7 @@ impl PgBackend {
             },
             warm: std::sync::OnceLock::new(),
             slots: (0..POOL).map(|_| tokio::sync::Mutex::new(None)).collect(),
+            in_use: AtomicUsize::new(1),
             next: AtomicUsize::new(0),
         });
         let backend = PgBackend {
