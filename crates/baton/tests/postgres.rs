@@ -532,17 +532,31 @@ async fn connections_of(observer: &tokio_postgres::Client, app: &str) -> i64 {
         .get(0)
 }
 
+/// A backend whose connections are named `app` (a unique name), a raw connection to count
+/// them, and an election of the backend's named `app` too.
+async fn named_backend(
+    prefix: &str,
+) -> (
+    String,
+    tokio_postgres::Client,
+    baton::Backend,
+    baton::Election,
+) {
+    let app = conformance::unique(prefix);
+    let url = format!("{}?schema=baton_test&application_name={app}", server());
+    let observer = raw(&server()).await;
+    let backend = baton::Backend::connect(&url).await.unwrap();
+    let election = baton::Election::new(&backend, &app, conformance::config()).unwrap();
+    (app, observer, backend, election)
+}
+
 /// A process with one election (`baton run`) keeps three connections: one for statements, one
 /// for renewals, one for notifications. Statements that keep waiting for the statement
 /// connection (many elections campaigning at once) open one more, and no more than that.
 #[tokio::test]
 async fn the_statement_pool_grows_only_under_contention() {
-    let app = conformance::unique("pool");
-    let url = format!("{}?schema=baton_test&application_name={app}", server());
-    let observer = raw(&server()).await;
-    let backend = baton::Backend::connect(&url).await.unwrap();
-    let name = conformance::unique("pool");
-    let election = baton::Election::new(&backend, &name, conformance::config()).unwrap();
+    let (app, observer, backend, election) = named_backend("pool").await;
+    let name = app.clone();
     let leadership = election.campaign("leader").await.unwrap();
     let mut waiter = election.candidacy("waiter").unwrap();
     let waiting = tokio::time::timeout(Duration::from_millis(300), waiter.next()).await;
@@ -571,5 +585,44 @@ async fn the_statement_pool_grows_only_under_contention() {
     assert_eq!(connections_of(&observer, &app).await, 4);
     drop(leaderships);
     drop(next);
+    backend.close().await;
+}
+
+/// A statement connection that breaks while idle (`pg_terminate_backend`, a server restart) is
+/// replaced within about a second, not by the next statement, which may be the resign of a
+/// handoff.
+#[tokio::test]
+async fn a_broken_idle_statement_connection_is_replaced_before_it_is_needed() {
+    let (app, observer, backend, election) = named_backend("mend").await;
+    let leadership = election.campaign("leader").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(connections_of(&observer, &app).await, 3);
+    // Neither the LISTEN connection nor the renewals' one (its last statement renews, or it
+    // has run none yet).
+    let statements: i32 = observer
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
+             AND query <> '' AND query NOT LIKE 'LISTEN%' \
+             AND query NOT LIKE 'UPDATE%sessions SET expires_at%'",
+            &[&app],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    observer
+        .execute("SELECT pg_terminate_backend($1)", &[&statements])
+        .await
+        .unwrap();
+    // The leader runs no statement meanwhile: only the pool's own mending reconnects.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while connections_of(&observer, &app).await < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broken statement connection was not replaced"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(leadership.is_leading());
+    leadership.resign().await;
     backend.close().await;
 }

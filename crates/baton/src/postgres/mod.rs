@@ -71,6 +71,10 @@ const POOL: usize = 2;
 /// How long a statement waits for a busy connection before the pool opens another.
 const POOL_GROW_AFTER: Duration = Duration::from_millis(20);
 
+/// How often idle pooled connections that broke (a restarted server, `pg_terminate_backend`)
+/// are replaced, so that the next statement (perhaps a resign) does not connect first.
+const POOL_MENDING: Duration = Duration::from_secs(1);
+
 /// Without notifications (behind a transaction-mode pooler), how often a waiter looks at the
 /// leader's entry it waits on: the most a graceful handoff can be delayed.
 const POLL_FAST: Duration = Duration::from_millis(250);
@@ -364,14 +368,30 @@ impl Pool {
             .in_use
             .compare_exchange(seen, seen + 1, Ordering::AcqRel, Ordering::Acquire)
         {
-            // Nobody has locked a slot not in use: it is free.
+            // Free but for a statement that saw the new count first (it connects the slot
+            // then, and we wait our turn).
             Ok(_) => self.slots[seen].lock().await,
             Err(_) => Box::pin(self.slot()).await,
         }
     }
 
-    /// Opens the first connection and warms it for `schema`, so that none is opened (or
-    /// warmed) on the handoff's path.
+    /// Replaces every broken connection that no statement is using.
+    async fn mend(&self) {
+        let in_use = self.in_use.load(Ordering::Acquire);
+        for slot in &self.slots[..in_use] {
+            let Ok(mut slot) = slot.try_lock() else {
+                continue;
+            };
+            if slot.as_ref().is_some_and(Client::is_closed) {
+                if let Ok(client) = self.open_warm().await {
+                    *slot = Some(client);
+                }
+            }
+        }
+    }
+
+    /// Opens the connections in use (at connect, the first) and warms them for `schema`, so
+    /// that none is opened (or warmed) on the handoff's path.
     async fn fill(&self, schema: &str) -> Result<()> {
         let _ = self.warm.set(warm_sql(schema));
         let in_use = self.in_use.load(Ordering::Acquire);
@@ -615,6 +635,7 @@ impl PgBackend {
         backend.create_schema().await?;
         backend.pool.fill(&backend.schema).await?;
         backend.listen().await;
+        backend.mend_pool();
         Ok(backend)
     }
 
@@ -703,6 +724,24 @@ impl PgBackend {
                 self.schema, SCHEMA_VERSION
             ))),
         }
+    }
+
+    /// Starts the task that replaces broken idle connections of the pool every
+    /// [`POOL_MENDING`], for as long as the backend lives and is not closed.
+    fn mend_pool(&self) {
+        let pool = Arc::downgrade(&self.pool);
+        let closing = self.leases.closing();
+        tokio::spawn(async move {
+            let mut closing = std::pin::pin!(closing);
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(POOL_MENDING) => {}
+                    _ = closing.as_mut() => return,
+                }
+                let Some(pool) = pool.upgrade() else { return };
+                pool.mend().await;
+            }
+        });
     }
 
     /// Starts the task that keeps the LISTEN connection up (reconnecting) and dispatches its
