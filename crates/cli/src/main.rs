@@ -190,7 +190,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(log::Writer::default)
         .with_max_level(tracing::Level::WARN)
-        .with_target(false)
+        .event_format(BatonLines)
         .init();
     let command = match cli.command {
         Command::Server(args) => {
@@ -384,5 +384,31 @@ fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
         // A closed pipe (`baton observe | head -1`) is a normal way to stop.
         Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Err(Exit(0).into()),
         Err(error) => Err(error.into()),
+    }
+}
+
+/// The library's warnings as `baton run`'s own lines: `baton: warning: MESSAGE field=value ..`
+/// (no timestamp, like every other line baton writes).
+struct BatonLines;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for BatonLines
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let level = match *event.metadata().level() {
+            tracing::Level::ERROR => "error",
+            tracing::Level::WARN => "warning",
+            _ => "note",
+        };
+        write!(writer, "baton: {level}: ")?;
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
     }
 }

@@ -188,6 +188,17 @@ fn sigterm_ends_a_requeueing_candidate_even_while_etcd_is_unreachable() {
         sent.elapsed()
     );
     assert!(read_number(&dir.join("w.token")).is_none());
+    // Every line on stderr is baton's, the library's warnings about the outage included (a
+    // campaign step timed out during the 3 s partition).
+    let text = std::fs::read_to_string(dir.join("w.stderr")).unwrap();
+    assert!(
+        text.lines().all(|line| line.starts_with("baton: ")),
+        "{text}"
+    );
+    assert!(
+        text.contains("baton: warning: campaign step failed"),
+        "{text}"
+    );
     drop(leader);
 }
 
