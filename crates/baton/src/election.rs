@@ -144,7 +144,14 @@ impl Election {
     /// An election named `name` on `backend`. Validates the name and the configuration
     /// (including the backend's minimum TTL).
     pub fn new(backend: &Backend, name: &str, config: ElectionConfig) -> Result<Election> {
-        validate_name("election name", name)?;
+        validate_election_name("election name", name)?;
+        if crate::shards::is_shard_election(name) {
+            return Err(Error::InvalidName {
+                what: "election name",
+                value: name.to_string(),
+                reason: "is reserved for shard groups (`@members:` and `@shard:` names)",
+            });
+        }
         Election::unchecked(backend, name, config)
     }
 
@@ -154,7 +161,7 @@ impl Election {
         name: &str,
         config: ElectionConfig,
     ) -> Result<Election> {
-        validate_name("shard election", name)?;
+        validate_election_name("shard election", name)?;
         Election::unchecked(backend, name, config)
     }
 
@@ -300,23 +307,40 @@ impl Election {
     }
 }
 
+/// A name or id: not empty, at most 256 bytes, no control characters.
 pub(crate) fn validate_name(what: &'static str, value: &str) -> Result<()> {
     let reason = if value.is_empty() {
         Some("must not be empty")
     } else if value.len() > 256 {
         Some("must be at most 256 bytes")
-    } else if (what == "election name" || what == "shard election") && value.contains('/') {
-        Some("must not contain '/'")
-    } else if what == "election name" && crate::shards::is_shard_election(value) {
-        Some("is reserved for shard groups (`@members:` and `@shard:` names)")
-    } else if (what == "election name" || what == "shard election") && is_reserved(value) {
-        // Reserved: it separates an election's name from its candidates' entries.
-        Some("is reserved (it separates an election from its candidates' keys)")
     } else if value.chars().any(char::is_control) {
         Some("must not contain control characters")
     } else {
         None
     };
+    invalid_if(what, value, reason)
+}
+
+/// An election's name: a valid name that is one segment of the backend's keys or paths.
+pub(crate) fn validate_election_name(what: &'static str, value: &str) -> Result<()> {
+    validate_name(what, value)?;
+    let reason = if value.contains('/') {
+        Some("must not contain '/'")
+    } else if is_reserved(value) {
+        // Reserved: it separates an election's name from its candidates' entries.
+        Some("is reserved (it separates an election from its candidates' keys)")
+    } else {
+        None
+    };
+    invalid_if(what, value, reason)
+}
+
+/// `Err(InvalidName)` with `reason`, if there is one.
+pub(crate) fn invalid_if(
+    what: &'static str,
+    value: &str,
+    reason: Option<&'static str>,
+) -> Result<()> {
     match reason {
         Some(reason) => Err(Error::InvalidName {
             what,
@@ -668,12 +692,14 @@ mod tests {
 
     #[test]
     fn names_are_validated() {
-        assert!(validate_name("election name", "cron").is_ok());
+        assert!(validate_election_name("election name", "cron").is_ok());
         for bad in ["", "a/b", "x\ny", "@candidates"] {
-            let message = validate_name("election name", bad).unwrap_err().to_string();
+            let message = validate_election_name("election name", bad)
+                .unwrap_err()
+                .to_string();
             assert!(message.starts_with("invalid election name"), "{message}");
         }
-        assert!(validate_name("election name", "@candidates2").is_ok());
+        assert!(validate_election_name("election name", "@candidates2").is_ok());
         assert!(validate_name("candidate id", "host/1").is_ok());
         assert!(validate_name("candidate id", "@candidates").is_ok());
         assert!(validate_name("candidate id", &"x".repeat(300)).is_err());

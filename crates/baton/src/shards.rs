@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-use crate::election::{validate_name, Ended};
+use crate::election::{invalid_if, validate_election_name, validate_name, Ended};
 use crate::{Backend, CandidateOptions, Election, ElectionConfig, Error, Leadership, LossReason};
 use crate::{Candidacy, Result};
 
@@ -81,7 +81,7 @@ impl ShardSet {
         let mut seen = std::collections::HashSet::new();
         for name in &names {
             validate_name("shard name", name)?;
-            validate_name("shard election", &shard_election(group, name))?;
+            validate_election_name("shard election", &shard_election(group, name))?;
             if !seen.insert(name) {
                 return Err(Error::InvalidName {
                     what: "shard name",
@@ -121,14 +121,7 @@ fn validate_group(group: &str) -> Result<()> {
     } else {
         None
     };
-    match reason {
-        Some(reason) => Err(Error::InvalidName {
-            what: "group name",
-            value: group.to_string(),
-            reason,
-        }),
-        None => Ok(()),
-    }
+    invalid_if("group name", group, reason)
 }
 
 /// Settings of a member.
