@@ -253,18 +253,14 @@ impl ShardMember {
             }
             // Every member must serve the same shards: with different sets some shards would
             // have no owner, or two members would disagree on who owns what.
-            let theirs = member
-                .value
-                .as_deref()
-                .and_then(|v| serde_json::from_str::<MemberValue>(v).ok());
-            if let Some(theirs) = theirs.filter(|t| t.shards != shards) {
+            if let Some(theirs) = other_set(&member, &shards) {
                 return Err(Error::InvalidName {
                     what: "shard set",
                     value: format!(
                         "{} (member {:?} serves {})",
                         shards.describe(),
                         member.id,
-                        theirs.shards.describe()
+                        theirs.describe()
                     ),
                     reason: "differs from the shard set the group's live members serve",
                 });
@@ -596,18 +592,22 @@ impl Member {
     fn conflict(&self, participants: &[crate::LeaderInfo]) -> Option<String> {
         let mine = participants.iter().position(|m| m.id == self.id)?;
         participants[..mine].iter().find_map(|member| {
-            let theirs = serde_json::from_str::<MemberValue>(member.value.as_deref()?).ok()?;
-            (theirs.shards != self.set).then(|| {
-                format!(
-                    "this member serves {} but member {:?}, which joined first, serves {}: \
-                     every member of a group must serve the same shards; this member left",
-                    self.set.describe(),
-                    member.id,
-                    theirs.shards.describe()
-                )
-            })
+            let theirs = other_set(member, &self.set)?;
+            Some(format!(
+                "this member serves {} but member {:?}, which joined first, serves {}: \
+                 every member of a group must serve the same shards; this member left",
+                self.set.describe(),
+                member.id,
+                theirs.describe()
+            ))
         })
     }
+}
+
+/// The shard set `member` serves (its membership value), if it is not `mine`.
+fn other_set(member: &crate::LeaderInfo, mine: &ShardSet) -> Option<ShardSet> {
+    let theirs = serde_json::from_str::<MemberValue>(member.value.as_deref()?).ok()?;
+    (theirs.shards != *mine).then_some(theirs.shards)
 }
 
 /// What a shard's task is told.
@@ -677,8 +677,17 @@ async fn shard_task(
             ended = &mut ending => Some(ended),
             _ = assigned.wait_for(|a| *a != Assigned::Yes) => None,
         };
+        let handed_back = ended.is_none();
         let ended = match ended {
-            Some(ended) => ended,
+            // The owner gave it up itself: campaign again (below) if it is still ours.
+            Some(Ended::Resigned) => Ended::Resigned,
+            Some(Ended::Lost(reason)) => {
+                send(ShardEvent::Released {
+                    shard: name.clone(),
+                    reason: ReleaseReason::Lost(reason),
+                });
+                Ended::Lost(reason)
+            }
             None => {
                 let reason = if *assigned.borrow() == Assigned::Leaving {
                     ReleaseReason::Leaving
@@ -689,37 +698,20 @@ async fn shard_task(
                     shard: name.clone(),
                     reason,
                 });
-                // Held until the owner drops it: its work on the shard has stopped then.
-                let ended = ending.await;
-                let _ = dropped.await;
-                forget(&shared, &name, token);
-                if let Ended::Lost(LossReason::TokenRegressed) = ended {
-                    return;
-                }
-                continue;
+                // Held until the owner drops it.
+                ending.await
             }
         };
+        // Whatever ended the term, its work may still be stopping: nothing campaigns for the
+        // shard again before the holder has let go.
+        let _ = dropped.await;
+        forget(&shared, &name, token);
         match ended {
-            // The owner gave it up itself: campaign again if it is still ours.
-            Ended::Resigned => {
-                let _ = dropped.await;
-                forget(&shared, &name, token);
-            }
-            Ended::Lost(reason) => {
-                send(ShardEvent::Released {
-                    shard: name.clone(),
-                    reason: ReleaseReason::Lost(reason),
-                });
-                // The term is over, but its work may still be stopping: wait for the holder.
-                let _ = dropped.await;
-                forget(&shared, &name, token);
-                if reason == LossReason::TokenRegressed {
-                    // Every new entry would get a low token too: the shard stays unowned by
-                    // us (see `LossReason::TokenRegressed`).
-                    return;
-                }
-                tokio::time::sleep(RETRY_PAUSE).await;
-            }
+            // Every new entry would get a low token too: the shard stays unowned by us (see
+            // `LossReason::TokenRegressed`).
+            Ended::Lost(LossReason::TokenRegressed) => return,
+            Ended::Lost(_) if !handed_back => tokio::time::sleep(RETRY_PAUSE).await,
+            Ended::Lost(_) | Ended::Resigned => {}
         }
     }
 }
