@@ -169,10 +169,7 @@ impl Queue for EtcdBackend {
         }
         let own_position = revision(own);
         // In one transaction: is our key still ours, and who is just ahead of it?
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
+        let options = newest_first()
             .with_max_create_revision(own_position - 1)
             .with_limit(1);
         let txn = Txn::new()
@@ -258,16 +255,7 @@ impl EtcdBackend {
                 TxnOp::put(entrant.id_key.clone(), key.to_vec(), leased()),
                 // After the puts, in the same revision: ours is the newest entry, and the one
                 // before it is the entry just ahead of us.
-                TxnOp::get(
-                    entrant.scope.clone(),
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_keys_only()
-                            .with_sort(SortTarget::Create, SortOrder::Descend)
-                            .with_limit(2),
-                    ),
-                ),
+                TxnOp::get(entrant.scope.clone(), Some(newest_first().with_limit(2))),
             ])
             .or_else([
                 TxnOp::get(key.to_vec(), None),
@@ -371,4 +359,12 @@ impl EtcdBackend {
         .await?;
         Ok(())
     }
+}
+
+/// The entries of an election, keys only, newest (queue's last) first.
+fn newest_first() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
 }
