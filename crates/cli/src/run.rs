@@ -531,6 +531,27 @@ impl Running {
         }
     }
 
+    /// Stops the containment: SIGTERM to every process of it, then, once everything exited,
+    /// `kill_at` came or `cut_short` resolved, SIGKILL to whatever is left (see
+    /// [`Running::kill_all`], which `grace` bounds). A `kill_at` already past kills at once.
+    pub(crate) async fn stop(
+        &mut self,
+        kill_at: Instant,
+        grace: Duration,
+        cut_short: impl std::future::Future<Output = ()>,
+    ) {
+        if kill_at > Instant::now() {
+            self.signal(libc::SIGTERM);
+            tokio::select! {
+                _ = self.all_exited() => {}
+                _ = tokio::time::sleep_until(kill_at) => {}
+                _ = cut_short => {}
+            }
+        }
+        // Whatever is left, CMD's descendants and the guard included, dies now.
+        self.kill_all(grace).await;
+    }
+
     /// Sends `signal` to every process of the containment except the guard (which ignores
     /// stop signals): the cgroup's members and every descendant, including orphans that were
     /// re-parented to us.
@@ -561,10 +582,7 @@ impl Running {
     /// Whether the guard has left data unread on its control pipe for longer than
     /// [`GUARD_STALL`].
     pub(crate) fn stalled(&mut self) -> bool {
-        let mut unread: libc::c_int = 0;
-        // SAFETY: FIONREAD writes an int we own; on a pipe it counts unread bytes.
-        unsafe { libc::ioctl(self.control.as_raw_fd(), libc::FIONREAD, &mut unread) };
-        if unread <= 0 && self.pending.is_none() {
+        if unread_bytes(self.control.as_raw_fd()) == 0 && self.pending.is_none() {
             self.unread_since = None;
             return false;
         }
@@ -773,6 +791,14 @@ impl Standby {
     }
 }
 
+/// The bytes written to a pipe and not yet read by the process at its other end.
+pub(crate) fn unread_bytes(fd: std::os::fd::RawFd) -> usize {
+    let mut unread: libc::c_int = 0;
+    // SAFETY: FIONREAD writes an int we own; on a pipe it counts unread bytes.
+    unsafe { libc::ioctl(fd, libc::FIONREAD, &mut unread) };
+    usize::try_from(unread).unwrap_or(0)
+}
+
 /// A tokio deadline as `CLOCK_BOOTTIME` nanoseconds, the guard's clock.
 pub(crate) fn guard_clock(deadline: Instant) -> u64 {
     // Read the guard's clock first: time passing between the two reads then moves the result
@@ -802,22 +828,12 @@ async fn stop_child(
     } else {
         (now + grace).min(deadline)
     };
-    if kill_at > now {
-        child.signal(libc::SIGTERM);
-        tokio::select! {
-            _ = child.all_exited() => {}
-            _ = tokio::time::sleep_until(kill_at) => {}
-            _ = leadership.lost(), if !immediate => {
-                // Lost while stopping: kill at once if the deadline itself has passed.
-                if leadership.is_leading() {
-                    tokio::select! {
-                        _ = child.all_exited() => {}
-                        _ = tokio::time::sleep_until(kill_at) => {}
-                    }
-                }
-            }
+    // Lost while stopping: kill at once if the deadline itself has passed.
+    let cut_short = async {
+        leadership.lost().await;
+        if leadership.is_leading() {
+            std::future::pending::<()>().await;
         }
-    }
-    // Whatever is left, CMD's descendants and the guard included, dies now.
-    child.kill_all(grace).await;
+    };
+    child.stop(kill_at, grace, cut_short).await;
 }

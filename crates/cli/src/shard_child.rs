@@ -152,9 +152,6 @@ pub async fn shard_child(args: ShardChildArgs) -> anyhow::Result<()> {
             },
             _ = tokio::time::sleep_until(deadline) => break Ending::Kill,
             _ = tick.tick() => {
-                if Instant::now() >= deadline {
-                    break Ending::Kill;
-                }
                 child.extend_deadline(Some(deadline));
                 if child.stalled() {
                     break Ending::Kill;
@@ -173,23 +170,19 @@ pub async fn shard_child(args: ShardChildArgs) -> anyhow::Result<()> {
         }
         Ending::Stop => {
             let kill_at = (Instant::now() + args.grace).min(deadline);
-            if kill_at > Instant::now() {
-                child.signal(libc::SIGTERM);
-                // Until everything exited, the grace ran out, or the term ended meanwhile.
+            // The term ended meanwhile: `kill`, or the end of our input.
+            let cut_short = async {
                 loop {
-                    tokio::select! {
-                        _ = child.all_exited() => break,
-                        _ = tokio::time::sleep_until(kill_at) => break,
-                        line = lines.next_line(), if input_open => {
-                            match line.ok().flatten().as_deref().map(parse) {
-                                Some(Some(Line::Kill)) | None => break,
-                                _ => {}
-                            }
-                        }
+                    if !input_open {
+                        return std::future::pending().await;
+                    }
+                    match lines.next_line().await.ok().flatten().as_deref().map(parse) {
+                        Some(Some(Line::Kill)) | None => return,
+                        _ => {}
                     }
                 }
-            }
-            child.kill_all(args.grace).await;
+            };
+            child.stop(kill_at, args.grace, cut_short).await;
             Ok(())
         }
         Ending::Kill => {

@@ -537,10 +537,7 @@ fn stalled(
     let Some(pipe) = stdin else {
         return false;
     };
-    let mut unread: libc::c_int = 0;
-    // SAFETY: FIONREAD writes an int we own; on a pipe it counts the bytes not yet read.
-    unsafe { libc::ioctl(pipe.as_raw_fd(), libc::FIONREAD, &mut unread) };
-    if unread <= 0 {
+    if crate::run::unread_bytes(pipe.as_raw_fd()) == 0 {
         *reading = true;
         *unread_since = None;
         return false;
