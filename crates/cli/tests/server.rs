@@ -777,7 +777,7 @@ fn baton_shards_across_a_server_restarted_within_the_ttl_keeps_every_owner() {
                 .unwrap()
         })
         .collect();
-    let owners = || -> Option<String> {
+    let owners = || -> Option<std::collections::BTreeMap<u64, (String, u64)>> {
         let output = baton()
             .args([
                 "shards",
@@ -792,13 +792,7 @@ fn baton_shards_across_a_server_restarted_within_the_ttl_keeps_every_owner() {
             .output()
             .ok()?;
         let status: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
-        let shards = status["shards"].as_array()?;
-        let ids: Vec<&str> = shards
-            .iter()
-            .filter_map(|s| s["owner"]["id"].as_str())
-            .collect();
-        let balanced = ids.len() == 4 && ids.iter().filter(|id| **id == "a").count() == 2;
-        balanced.then(|| status.to_string())
+        common::balanced_owners(&status, 4, &["a", "b"])
     };
     let before = wait_for("4 shards over 2 members", Duration::from_secs(20), owners);
     let starts = || std::fs::read_to_string(dir.join("starts")).unwrap_or_default();
@@ -810,7 +804,7 @@ fn baton_shards_across_a_server_restarted_within_the_ttl_keeps_every_owner() {
     server.restart();
     // Well past the TTL: renewals found the restarted server.
     std::thread::sleep(Duration::from_secs(6));
-    assert_eq!(owners().as_deref(), Some(before.as_str()));
+    assert_eq!(owners().as_ref(), Some(&before));
     assert_eq!(starts(), started, "a command was started again");
     for line in started.lines() {
         let pid: u64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();

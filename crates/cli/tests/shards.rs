@@ -63,22 +63,7 @@ fn status(group: &str) -> serde_json::Value {
 /// Owner id and token of every shard, once every shard is owned by one of `members` with
 /// counts differing by at most one.
 fn owners(group: &str, members: &[&str]) -> Option<BTreeMap<u64, (String, u64)>> {
-    let status = status(group);
-    let mut owners = BTreeMap::new();
-    for shard in status["shards"].as_array()? {
-        let owner = shard["owner"].as_object()?;
-        let id = owner["id"].as_str()?.to_string();
-        if !members.contains(&id.as_str()) {
-            return None;
-        }
-        owners.insert(shard["shard"].as_u64()?, (id, owner["token"].as_u64()?));
-    }
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    for (id, _) in owners.values() {
-        *counts.entry(id.as_str()).or_default() += 1;
-    }
-    let (min, max) = (counts.values().min()?, counts.values().max()?);
-    (owners.len() == SHARDS && counts.len() == members.len() && max - min <= 1).then_some(owners)
+    common::balanced_owners(&status(group), SHARDS, members)
 }
 
 /// The log's lines: (kind, shard, token, member).
@@ -461,21 +446,7 @@ fn three_members_own_64_shards_and_a_kill_9_moves_a_third() {
             .output()
             .unwrap();
         let status: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
-        let mut owners = BTreeMap::new();
-        let mut counts: HashMap<String, usize> = HashMap::new();
-        for shard in status["shards"].as_array()? {
-            let id = shard["owner"]["id"].as_str()?.to_string();
-            if !members.contains(&id.as_str()) {
-                return None;
-            }
-            *counts.entry(id.clone()).or_default() += 1;
-            owners.insert(
-                shard["shard"].as_u64()?,
-                (id, shard["owner"]["token"].as_u64()?),
-            );
-        }
-        let (min, max) = (counts.values().min()?, counts.values().max()?);
-        (counts.len() == members.len() && max - min <= 1).then_some(owners)
+        common::balanced_owners(&status, 64, members)
     };
     let first = wait_for("64 shards over 3 members", Duration::from_secs(60), || {
         owned(&ids)

@@ -418,3 +418,25 @@ pub fn children(pid: u32) -> Vec<u32> {
     }
     found
 }
+
+/// From `baton shards status` output: each shard's owner id and token, once all `shards` are
+/// owned by `members` (every one of them), with counts differing by at most one.
+pub fn balanced_owners(
+    status: &serde_json::Value,
+    shards: usize,
+    members: &[&str],
+) -> Option<std::collections::BTreeMap<u64, (String, u64)>> {
+    let mut owners = std::collections::BTreeMap::new();
+    let mut counts: std::collections::HashMap<String, usize> = Default::default();
+    for shard in status["shards"].as_array()? {
+        let owner = shard["owner"].as_object()?;
+        let id = owner["id"].as_str()?.to_string();
+        if !members.contains(&id.as_str()) {
+            return None;
+        }
+        *counts.entry(id.clone()).or_default() += 1;
+        owners.insert(shard["shard"].as_u64()?, (id, owner["token"].as_u64()?));
+    }
+    let (min, max) = (counts.values().min()?, counts.values().max()?);
+    (owners.len() == shards && counts.len() == members.len() && max - min <= 1).then_some(owners)
+}
