@@ -120,3 +120,31 @@ async fn read_only_txns_take_no_place_in_the_log() {
     let error = client.txn(old).await.unwrap_err().to_string();
     assert!(error.contains("compacted"), "{error}");
 }
+
+/// A read-only txn answered without the log still sees every write acknowledged before it was
+/// sent, from any connection (the find-predecessor after a deletion relies on it).
+#[tokio::test]
+async fn a_read_only_txn_sees_the_write_acknowledged_before_it() {
+    use etcd_client::{Txn, TxnOp, TxnOpResponse};
+    let (server, mut writer) = own_server().await;
+    let mut reader = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    for i in 0..200 {
+        let put = writer.put("/fresh", i.to_string(), None).await.unwrap();
+        let written = put.header().unwrap().revision();
+        let answer = reader
+            .txn(Txn::new().and_then([TxnOp::get("/fresh", None)]))
+            .await
+            .unwrap();
+        assert!(answer.header().unwrap().revision() >= written);
+        let TxnOpResponse::Get(get) = &answer.op_responses()[0] else {
+            panic!("expected a range response");
+        };
+        assert_eq!(
+            get.kvs()[0].value_str().unwrap(),
+            i.to_string(),
+            "round {i}"
+        );
+    }
+}
