@@ -478,6 +478,44 @@ pub fn become_subreaper() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Puts every thread of this process in the `SCHED_IDLE` class, for a process whose part in a
+/// handoff is over (its command gone, its entry deleted) and which only exits now.
+///
+/// Tearing down a process takes a few hundred microseconds of CPU, in the very moments when the
+/// successor's watch event, read, launcher and command start want both CPUs of a small host.
+/// An idle-class process is preempted by any other at once, and the scheduler treats its CPU as
+/// free when it places a woken task, so the exit no longer delays the successor. (The teardown
+/// runs in whichever thread lets go of the memory last, so every thread goes idle.) On a host
+/// busy with other work the exit itself may take longer; nothing waits for it but our parent.
+pub fn idle_priority() {
+    let threads = std::fs::read_dir("/proc/self/task")
+        .map(|dir| {
+            dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    // Thread 0 is the caller, should /proc be unreadable.
+    for tid in threads.into_iter().chain([0]) {
+        idle_thread(tid);
+    }
+}
+
+/// Puts the calling thread in the `SCHED_IDLE` class (see [`idle_priority`]) and gives up the
+/// CPU: a change of class alone does not make a task that is already waiting run first.
+pub fn step_aside() {
+    idle_thread(0);
+    // SAFETY: sched_yield has no preconditions.
+    unsafe { libc::sched_yield() };
+}
+
+/// Puts thread `tid` (0: the caller) in the `SCHED_IDLE` class (see [`idle_priority`]).
+fn idle_thread(tid: i32) {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler with a valid parameter block on one of our own threads; a
+    // thread that exited meanwhile only makes it fail.
+    unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) };
+}
+
 /// One process as `/proc/PID/stat` describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Process {
@@ -571,7 +609,7 @@ pub fn descendants(root: i32) -> Vec<Process> {
 }
 
 /// The children of every thread of `pid` (none if it is gone).
-fn children_of(pid: i32) -> Vec<i32> {
+pub fn children_of(pid: i32) -> Vec<i32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
@@ -646,6 +684,22 @@ pub fn reap(pids: impl IntoIterator<Item = i32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn step_aside_puts_only_the_calling_thread_in_the_idle_class() {
+        // SAFETY: sched_getscheduler on the calling thread.
+        let policy = || unsafe { libc::sched_getscheduler(0) };
+        let before = policy();
+        assert_ne!(before, libc::SCHED_IDLE);
+        let aside = std::thread::spawn(move || {
+            step_aside();
+            policy()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(aside, libc::SCHED_IDLE);
+        assert_eq!(policy(), before, "the other threads keep their class");
+    }
 
     #[test]
     fn env_round_trip() {

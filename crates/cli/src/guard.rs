@@ -125,7 +125,14 @@ pub fn main(command: &[OsString]) -> ! {
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL as libc::c_ulong);
     }
-    let _ = containment::become_subreaper();
+    // Every orphan of CMD must come to us: our "no child left" is the supervisor's proof that
+    // nothing of CMD runs any more. Without it, no term.
+    if let Err(error) = containment::become_subreaper() {
+        let _ = writeln_stderr(&format!(
+            "baton: error: the guard cannot become a child subreaper: {error}"
+        ));
+        std::process::exit(1);
+    }
     // SAFETY: fcntl on descriptors `baton run` set up for us: they must not leak into CMD.
     unsafe {
         libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC);
@@ -493,9 +500,9 @@ fn guard_loop(guard: &mut Guard, cmd: i32, mut deadline: u64) -> ! {
                 let _ = report(&format!("exit {code}"));
                 // The supervisor, woken by that report, resigns next; it is often queued on
                 // this CPU, behind our own exit (tearing down a process takes a few hundred
-                // microseconds). Let it go first: the handoff waits for it, not for us.
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
+                // microseconds), and the successor's processes come soon after. Our exit
+                // goes last: the handoff waits for them, not for us.
+                containment::step_aside();
                 std::process::exit(code);
             }
             if !told_left {

@@ -80,12 +80,6 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
     },
-    /// Internal: started by the guard inside the command's cgroup; becomes the command.
-    #[command(name = "__launch", hide = true)]
-    Launch {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        command: Vec<OsString>,
-    },
 }
 
 /// Which election to look at.
@@ -139,6 +133,18 @@ impl std::fmt::Display for Exit {
 impl std::error::Error for Exit {}
 
 fn main() -> ExitCode {
+    // `baton __launch -- CMD` (internal: started by the guard inside the command's cgroup, it
+    // becomes the command): straight there, without building the command line's parser. Its
+    // exec of CMD is on the handoff's path, and the less memory a process has touched, the
+    // sooner exec is done with it.
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|first| first == "__launch") {
+        let mut command: Vec<OsString> = args.collect();
+        if command.first().is_some_and(|arg| arg == "--") {
+            command.remove(0);
+        }
+        guard::launch(&command);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
@@ -171,7 +177,6 @@ fn main() -> ExitCode {
     };
     match &cli.command {
         Command::Guard { command } => guard::main(command),
-        Command::Launch { command } => guard::launch(command),
         // A plain blocking loop: no runtime, no panic hook, nothing of the supervisor's.
         Command::DemoWorker(args) => return demo::store::worker(&args.store),
         // Before the panic hook below: a panic in redb must not print "internal error".
@@ -220,11 +225,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let supervisor = matches!(command, Command::Run(_));
     let code = match runtime.block_on(dispatch(command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => exit_code_for(&error),
     };
     log::flush(EXIT_FLUSH);
+    if supervisor {
+        // Its command is gone and its entry deleted: the teardown yields to the successor.
+        containment::idle_priority();
+    }
     code
 }
 
@@ -293,7 +303,6 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             baton_lab::run(&args).map_err(|error| UsageError(error.to_string()).into())
         }
         Command::Guard { .. }
-        | Command::Launch { .. }
         | Command::Server(_)
         | Command::OpenLog { .. }
         | Command::DemoWorker(_) => {

@@ -340,12 +340,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         );
         match supervise(&mut child, &leadership, &mut signals, &mut cont, &name).await {
             Outcome::ChildExited(code) => {
-                // CMD and everything it started are gone; the guard is reaped before we resign.
+                // CMD and everything it started are gone (the guard vouches for it, or we make
+                // sure) before we resign.
                 child.kill_all(args.grace).await;
                 drop(term);
                 // Resign the whole candidacy in one step (with --requeue, resigning only the
                 // term would campaign again).
                 candidacy.resign().await;
+                // What is left (the lease's revoke, the log, the exit) yields to the successor.
+                containment::step_aside();
                 drop(leadership);
                 note(
                     &name,
@@ -365,6 +368,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     format_args!("stopped on signal {signal}; command stopped, resigning"),
                 );
                 candidacy.resign().await;
+                containment::step_aside();
                 drop(leadership);
                 return Err(Exit(128 + signal as u8).into());
             }
@@ -601,8 +605,19 @@ impl Running {
         // The guard, a subreaper, is the one that can tell for sure that nothing is left (it
         // has no child at all): ask it to kill everything and exit. Only if it does not do so
         // in time (stopped, wedged, dead) do we kill it as well and walk the tree ourselves.
-        // A guard that reported the end (`exit`, `expired`) has already seen its last child go.
+        // A guard that reported the end (`exit`, `expired`) has already seen its last child go,
+        // and found the cgroup empty.
         let vouched = matches!(self.last, Some(GuardEvent::Exited(_) | GuardEvent::Expired));
+        if vouched
+            && containment::children_of(me)
+                .iter()
+                .all(|&pid| pid == self.guard)
+        {
+            // Nothing of CMD is under the guard, and nothing else under us (orphans of an
+            // earlier term's guard would be): a walk would find nothing and only lengthen the
+            // handoff. The guard itself is exiting; it is reaped afterwards.
+            return;
+        }
         let asked = vouched || self.write_control("kill\n");
         let trust_until = Instant::now() + GUARD_KILL_WAIT;
         let mut clean_walks = 0;

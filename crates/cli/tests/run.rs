@@ -330,10 +330,12 @@ fn requeue_runs_the_command_again_with_a_larger_token_after_a_loss() {
     let dir = scratch("requeue");
     let election = unique("requeue");
     let log = dir.join("tokens");
+    // Each term's command also notes its scheduling policy (field 41 of /proc/PID/stat): the
+    // supervisor and guard drop to SCHED_IDLE only on their way out, never for a command.
     let script = format!(
-        "echo $BATON_TOKEN >> {}; echo $$ > {}/pid; exec sleep 1000",
+        "echo $BATON_TOKEN >> {}; echo $$ > {dir}/pid; cut -d' ' -f41 /proc/$$/stat >> {dir}/policies; exec sleep 1000",
         log.display(),
-        dir.display()
+        dir = dir.display()
     );
     let mut child = run_script(&election, &["--requeue"], &script)
         .stderr(Stdio::null())
@@ -359,6 +361,12 @@ fn requeue_runs_the_command_again_with_a_larger_token_after_a_loss() {
     });
     assert!(second[1] > second[0], "{second:?}");
     assert!(!alive(first_pid), "the first term's command must be gone");
+    let policies = wait_for("second policy", Duration::from_secs(1), || {
+        let text = std::fs::read_to_string(dir.join("policies")).unwrap_or_default();
+        (text.lines().count() == 2).then_some(text)
+    });
+    let normal = libc::SCHED_OTHER.to_string();
+    assert!(policies.lines().all(|p| p == normal), "{policies:?}");
     signal(child.id() as i32, libc::SIGTERM);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
