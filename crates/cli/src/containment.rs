@@ -478,16 +478,14 @@ pub fn become_subreaper() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Puts every thread of this process in the `SCHED_IDLE` class, for a process whose part in a
-/// handoff is over (its command gone, its entry deleted) and which only exits now.
+/// Lowers every thread of this process to [`EXIT_NICE`], for a process whose part in a handoff
+/// is over (its command gone, its entry deleted) and which only exits now.
 ///
 /// Tearing down a process takes a few hundred microseconds of CPU, in the very moments when the
 /// successor's watch event, read, launcher and command start want both CPUs of a small host.
-/// An idle-class process is preempted by any other at once, and the scheduler treats its CPU as
-/// free when it places a woken task, so the exit no longer delays the successor. (The teardown
-/// runs in whichever thread lets go of the memory last, so every thread goes idle.) On a host
-/// busy with other work the exit itself may take longer; nothing waits for it but our parent.
-pub fn idle_priority() {
+/// At a lower priority the exit yields to them when they wake. (The teardown runs in whichever
+/// thread lets go of the memory last, so every thread is lowered.)
+pub fn lower_priority() {
     let threads = std::fs::read_dir("/proc/self/task")
         .map(|dir| {
             dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
@@ -496,24 +494,30 @@ pub fn idle_priority() {
         .unwrap_or_default();
     // Thread 0 is the caller, should /proc be unreadable.
     for tid in threads.into_iter().chain([0]) {
-        idle_thread(tid);
+        lower_thread(tid);
     }
 }
 
-/// Puts the calling thread in the `SCHED_IDLE` class (see [`idle_priority`]) and gives up the
-/// CPU: a change of class alone does not make a task that is already waiting run first.
+/// Lowers the calling thread to [`EXIT_NICE`] (see [`lower_priority`]) and gives up the CPU: a
+/// lower priority alone does not make a task that is already waiting run first.
 pub fn step_aside() {
-    idle_thread(0);
+    lower_thread(0);
     // SAFETY: sched_yield has no preconditions.
     unsafe { libc::sched_yield() };
 }
 
-/// Puts thread `tid` (0: the caller) in the `SCHED_IDLE` class (see [`idle_priority`]).
-fn idle_thread(tid: i32) {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sched_setscheduler with a valid parameter block on one of our own threads; a
-    // thread that exited meanwhile only makes it fail.
-    unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) };
+/// The nice value of a process on its way out. Not `SCHED_IDLE`, and not nice 19: on a host
+/// whose CPUs are busy with other work those leave the exit almost no CPU (measured: a `baton
+/// run` of a 300 ms command took up to 1.04 s to exit with four busy loops on two cores under
+/// `SCHED_IDLE`, against at most 368 ms before); at nice 10 it still gets about a tenth of a
+/// busy CPU (at most 384 ms there), while a task at nice 0 that wakes preempts it.
+pub const EXIT_NICE: i32 = 10;
+
+/// Lowers thread `tid` (0: the caller) to [`EXIT_NICE`].
+fn lower_thread(tid: i32) {
+    // SAFETY: setpriority on one of our own threads; one that exited meanwhile only makes it
+    // fail.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, EXIT_NICE) };
 }
 
 /// One process as `/proc/PID/stat` describes it.
@@ -686,19 +690,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn step_aside_puts_only_the_calling_thread_in_the_idle_class() {
-        // SAFETY: sched_getscheduler on the calling thread.
-        let policy = || unsafe { libc::sched_getscheduler(0) };
-        let before = policy();
-        assert_ne!(before, libc::SCHED_IDLE);
+    fn step_aside_lowers_only_the_calling_thread() {
+        // SAFETY: gettid and getpriority on the calling thread.
+        let nice = || unsafe {
+            *libc::__errno_location() = 0;
+            libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t)
+        };
+        let before = nice();
         let aside = std::thread::spawn(move || {
             step_aside();
-            policy()
+            nice()
         })
         .join()
         .unwrap();
-        assert_eq!(aside, libc::SCHED_IDLE);
-        assert_eq!(policy(), before, "the other threads keep their class");
+        assert_eq!(aside, EXIT_NICE);
+        assert_eq!(nice(), before, "the other threads keep their priority");
     }
 
     #[test]

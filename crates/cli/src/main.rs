@@ -233,7 +233,7 @@ fn main() -> ExitCode {
     log::flush(EXIT_FLUSH);
     if supervisor {
         // Its command is gone and its entry deleted: the teardown yields to the successor.
-        containment::idle_priority();
+        containment::lower_priority();
     }
     code
 }

@@ -330,10 +330,11 @@ fn requeue_runs_the_command_again_with_a_larger_token_after_a_loss() {
     let dir = scratch("requeue");
     let election = unique("requeue");
     let log = dir.join("tokens");
-    // Each term's command also notes its scheduling policy (field 41 of /proc/PID/stat): the
-    // supervisor and guard drop to SCHED_IDLE only on their way out, never for a command.
+    // Each term's command also notes its nice value and scheduling policy (fields 19 and 41 of
+    // /proc/PID/stat): the supervisor and guard lower theirs only on their way out, never for a
+    // command (both are inherited).
     let script = format!(
-        "echo $BATON_TOKEN >> {}; echo $$ > {dir}/pid; cut -d' ' -f41 /proc/$$/stat >> {dir}/policies; exec sleep 1000",
+        "echo $BATON_TOKEN >> {}; echo $$ > {dir}/pid; cut -d' ' -f19,41 /proc/$$/stat >> {dir}/policies; exec sleep 1000",
         log.display(),
         dir = dir.display()
     );
@@ -365,7 +366,7 @@ fn requeue_runs_the_command_again_with_a_larger_token_after_a_loss() {
         let text = std::fs::read_to_string(dir.join("policies")).unwrap_or_default();
         (text.lines().count() == 2).then_some(text)
     });
-    let normal = libc::SCHED_OTHER.to_string();
+    let normal = format!("0 {}", libc::SCHED_OTHER);
     assert!(policies.lines().all(|p| p == normal), "{policies:?}");
     signal(child.id() as i32, libc::SIGTERM);
     let status = child.wait().unwrap();
