@@ -59,7 +59,7 @@ impl Demo {
         });
         Demo {
             child,
-            dir,
+            dir: dir.keep(),
             tmp,
             report,
             lines,

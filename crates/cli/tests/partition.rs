@@ -6,13 +6,12 @@ mod common;
 
 use common::proxy::Proxy;
 use common::*;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A scratch directory, an election name, a proxy to etcd and both URLs.
 struct Setup {
-    dir: PathBuf,
+    dir: Scratch,
     election: String,
     proxy: Proxy,
     through_proxy: String,

@@ -7,8 +7,10 @@ use common::*;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-/// `a` leading (its command running, with `a_token`) and `b` queued behind it.
-fn leader_and_waiter(name: &str, ttl: &str) -> (String, Runner, u64, Runner) {
+/// `a` leading (its command running, with `a_token`) and `b` queued behind it; their files are
+/// in the scratch directory returned first (bound first, it is dropped after them: removed once
+/// their processes are gone, if the test passed).
+fn leader_and_waiter(name: &str, ttl: &str) -> (Scratch, String, Runner, u64, Runner) {
     let dir = scratch(name);
     let election = unique(name);
     let a = Runner::start(&url(), &election, ttl, &dir, "a");
@@ -16,7 +18,7 @@ fn leader_and_waiter(name: &str, ttl: &str) -> (String, Runner, u64, Runner) {
     let b = Runner::start(&url(), &election, ttl, &dir, "b");
     // Let b queue up behind a.
     std::thread::sleep(Duration::from_millis(300));
-    (election, a, a_token, b)
+    (dir, election, a, a_token, b)
 }
 
 #[test]
@@ -68,7 +70,7 @@ fn child_gets_its_environment_and_its_exit_code_propagates() {
 
 #[test]
 fn kill_9_of_the_supervisor_kills_its_group_and_the_successor_takes_over() {
-    let (_, a, a_token, b) = leader_and_waiter("kill9", "2s");
+    let (_dir, _, a, a_token, b) = leader_and_waiter("kill9", "2s");
     assert_eq!(b.token(), None, "b must not run while a leads");
     let (a_child, a_grandchild) = (a.child_pid().unwrap(), a.grandchild_pid().unwrap());
     signal(a.child.id() as i32, libc::SIGKILL);
@@ -82,7 +84,7 @@ fn kill_9_of_the_supervisor_kills_its_group_and_the_successor_takes_over() {
 
 #[test]
 fn sigstop_longer_than_the_ttl_kills_the_stale_child_on_resume_and_fences_it() {
-    let (election, a, a_token, b) = leader_and_waiter("stop", "2s");
+    let (_dir, election, a, a_token, b) = leader_and_waiter("stop", "2s");
     let a_child = a.child_pid().unwrap();
     let a_group = process_group(a_child);
     let a_supervisor = a.child.id() as i32;
@@ -136,7 +138,7 @@ fn sigstop_longer_than_the_ttl_kills_the_stale_child_on_resume_and_fences_it() {
 #[test]
 fn sigterm_hands_over_to_the_successor_at_once() {
     // A 10 s TTL: a takeover within a second can only come from the resign.
-    let (_, a, a_token, b) = leader_and_waiter("term", "10s");
+    let (_dir, _, a, a_token, b) = leader_and_waiter("term", "10s");
     let a_child = a.child_pid().unwrap();
     let a_grandchild = a.grandchild_pid().unwrap();
     let sent = Instant::now();
@@ -375,7 +377,7 @@ fn requeue_runs_the_command_again_with_a_larger_token_after_a_loss() {
 
 #[test]
 fn a_stalled_supervisor_cannot_keep_its_command_running() {
-    let (_, a, a_token, b) = leader_and_waiter("stall", "2s");
+    let (_dir, _, a, a_token, b) = leader_and_waiter("stall", "2s");
     let a_child = a.child_pid().unwrap();
     // Freeze only the supervisor: its command's group keeps running, and only the guard's
     // dead-man switch can stop it.

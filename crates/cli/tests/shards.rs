@@ -111,15 +111,15 @@ fn stop(mut member: Child) -> Option<i32> {
     member.wait().unwrap().code()
 }
 
-struct Scratch(PathBuf);
+/// On a failed test: says where its files are (the scratch directory stays) and kills every
+/// process that names that directory on its command line (members, supervisors, guards,
+/// commands): none may outlive the test.
+struct KillOnFailure(PathBuf);
 
-impl Drop for Scratch {
-    /// Removed, unless the test failed: then its logs stay for a look (the path is printed).
+impl Drop for KillOnFailure {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("the test's files are in {}", self.0.display());
-            // Every process of the failed test names its directory on its command line:
-            // members, supervisors, guards, commands. None may outlive it.
             let dir = self.0.display().to_string();
             for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
                 let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
@@ -130,8 +130,6 @@ impl Drop for Scratch {
                     signal(pid, libc::SIGKILL);
                 }
             }
-        } else {
-            let _ = std::fs::remove_dir_all(&self.0);
         }
     }
 }
@@ -143,7 +141,7 @@ impl Drop for Scratch {
 #[test]
 fn a_killed_members_shards_move_and_nothing_of_it_acts() {
     let dir = scratch("shards-kill");
-    let _clean = Scratch(dir.clone());
+    let _kill = KillOnFailure(dir.to_path_buf());
     let group = unique("shards-kill");
     let url = url();
     let ids = ["m0", "m1", "m2"];
@@ -238,7 +236,7 @@ fn a_killed_members_shards_move_and_nothing_of_it_acts() {
 #[test]
 fn a_paused_members_shards_move_and_its_late_writes_are_fenced() {
     let dir = scratch("shards-pause");
-    let _clean = Scratch(dir.clone());
+    let _kill = KillOnFailure(dir.to_path_buf());
     let group = unique("shards-pause");
     let url = url();
     let ids = ["p0", "p1"];
@@ -311,7 +309,7 @@ fn a_paused_members_shards_move_and_its_late_writes_are_fenced() {
 #[test]
 fn a_partitioned_members_commands_stop_before_its_shards_move() {
     let dir = scratch("shards-partition");
-    let _clean = Scratch(dir.clone());
+    let _kill = KillOnFailure(dir.to_path_buf());
     let group = unique("shards-partition");
     let proxy = proxy::Proxy::start(server());
     let ids = ["q0", "q1"];
@@ -412,7 +410,7 @@ fn status_lists_every_shard_with_its_owner_or_null() {
 #[test]
 fn three_members_own_64_shards_and_a_kill_9_moves_a_third() {
     let dir = scratch("shards-64");
-    let _clean = Scratch(dir.clone());
+    let _kill = KillOnFailure(dir.to_path_buf());
     let group = unique("shards-64");
     let url = url();
     let d = dir.display();
@@ -501,7 +499,7 @@ fn three_members_own_64_shards_and_a_kill_9_moves_a_third() {
 #[test]
 fn a_killed_supervisor_and_guard_leave_nothing_of_the_command() {
     let dir = scratch("shards-sup");
-    let _clean = Scratch(dir.clone());
+    let _kill = KillOnFailure(dir.to_path_buf());
     let group = unique("shards-sup");
     let d = dir.display();
     let script = format!(
@@ -560,7 +558,7 @@ fn a_killed_supervisor_and_guard_leave_nothing_of_the_command() {
 #[test]
 fn ctrl_c_to_the_process_group_gives_commands_their_grace() {
     let dir = scratch("shards-ctrlc");
-    let _clean = Scratch(dir.clone());
+    let _kill = KillOnFailure(dir.to_path_buf());
     let group = unique("shards-ctrlc");
     let d = dir.display();
     let script = format!(

@@ -112,13 +112,24 @@ impl Drop for BackgroundServer {
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The server shared by every test of a binary (started on first use, never stopped: the
-/// process ends it).
+/// process ends it, and its data directory goes at the process's exit).
 pub fn shared() -> &'static str {
     static SHARED: OnceLock<(String, &'static BackgroundServer)> = OnceLock::new();
     &SHARED
         .get_or_init(|| {
             let server: &'static BackgroundServer = Box::leak(Box::new(BackgroundServer::start()));
+            let _ = SHARED_DIR.set(server.dir.clone());
+            // SAFETY: registers a plain function without arguments to run at exit.
+            unsafe { libc::atexit(remove_shared_dir) };
             (server.endpoint(), server)
         })
         .0
+}
+
+static SHARED_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+extern "C" fn remove_shared_dir() {
+    if let Some(dir) = SHARED_DIR.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -125,10 +125,47 @@ pub fn unique(name: &str) -> String {
     format!("{name}-{}-{nanos}", std::process::id())
 }
 
-pub fn scratch(name: &str) -> PathBuf {
+/// A fresh directory under the system's temporary directory, removed when the test that made
+/// it passes; a failing test leaves it behind, to be looked at.
+pub fn scratch(name: &str) -> Scratch {
     let dir = std::env::temp_dir().join(unique(&format!("baton-{name}")));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
+}
+
+/// See [`scratch`].
+#[derive(Debug)]
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    /// The directory, no longer removed on drop: the caller cleans up.
+    pub fn keep(self) -> PathBuf {
+        let dir = self.0.clone();
+        std::mem::forget(self);
+        dir
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// Waits until `check` returns `Some`, failing after `limit`.
