@@ -355,7 +355,15 @@ impl Runner {
         Ok(())
     }
 
-    fn stop(mut self) {
+    /// Stops it (see the `Drop` below, which also runs when a benchmark fails half-way).
+    fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Runner {
+    /// SIGTERM, then SIGKILL after a while; never leaves its processes behind.
+    fn drop(&mut self) {
         self.signal(libc::SIGTERM);
         // etcdctl lock waits for its command even after SIGTERM: give up after a while.
         let deadline = Instant::now() + Duration::from_secs(3);
@@ -374,6 +382,16 @@ impl Runner {
             .write(true)
             .custom_flags_nonblock()
             .open(&self.fifo);
+    }
+}
+
+/// A benchmark's scratch directory: removed when dropped, whether the benchmark finished or
+/// failed.
+struct RemovedOnDrop(PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -430,6 +448,8 @@ async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyho
     };
     let label = label.as_str();
     let samples = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Duration>> {
+        // Declared before the runners: dropped after them, also when a round fails.
+        let _dir = RemovedOnDrop(dir.clone());
         let mut samples = Vec::new();
         let tool = if etcdctl {
             Tool::EtcdctlLock
@@ -461,7 +481,6 @@ async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyho
             leader = waiter;
         }
         leader.stop();
-        let _ = std::fs::remove_dir_all(&dir);
         Ok(samples)
     })
     .await??;
@@ -617,6 +636,7 @@ async fn rss(args: Common) -> anyhow::Result<()> {
     crate::connect(&args.backend).await?;
     let dir = std::env::temp_dir().join(unique("rss"));
     std::fs::create_dir_all(&dir)?;
+    let _dir = RemovedOnDrop(dir.clone());
     let election = unique("rss");
     let runner = Runner::start(
         &args.backend,
@@ -648,7 +668,6 @@ async fn rss(args: Common) -> anyhow::Result<()> {
         guard.and_then(rss_kib).unwrap_or(0)
     );
     runner.stop();
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
