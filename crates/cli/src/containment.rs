@@ -486,14 +486,10 @@ pub fn become_subreaper() -> std::io::Result<()> {
 /// At a lower priority the exit yields to them when they wake. (The teardown runs in whichever
 /// thread lets go of the memory last, so every thread is lowered.)
 pub fn lower_priority() {
-    let threads = std::fs::read_dir("/proc/self/task")
-        .map(|dir| {
-            dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
+    let threads = tasks(std::process::id() as i32)
+        .filter_map(|task| task.file_name().to_str()?.parse::<i32>().ok());
     // Thread 0 is the caller, should /proc be unreadable.
-    for tid in threads.into_iter().chain([0]) {
+    for tid in threads.chain([0]) {
         lower_thread(tid);
     }
 }
@@ -553,10 +549,7 @@ fn process(pid: i32) -> Option<Process> {
 /// A zombie leader thread can hide a live thread (one in an NFS write, say): the process
 /// counts as gone only when every thread is.
 fn any_live_thread(pid: i32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    tasks.flatten().any(|task| {
+    tasks(pid).any(|task| {
         std::fs::read_to_string(task.path().join("stat"))
             .ok()
             .and_then(|stat| {
@@ -612,13 +605,17 @@ pub fn descendants(root: i32) -> Vec<Process> {
     found
 }
 
+/// The `/proc/PID/task/TID` entries of every thread of `pid` (none if it is gone).
+fn tasks(pid: i32) -> impl Iterator<Item = std::fs::DirEntry> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+}
+
 /// The children of every thread of `pid` (none if it is gone).
 pub fn children_of(pid: i32) -> Vec<i32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
+    tasks(pid)
         .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
         .flat_map(|text| {
             text.split_whitespace()

@@ -140,9 +140,8 @@ pub struct Scratch(PathBuf);
 impl Scratch {
     /// The directory, no longer removed on drop: the caller cleans up.
     pub fn keep(self) -> PathBuf {
-        let dir = self.0.clone();
-        std::mem::forget(self);
-        dir
+        let mut this = std::mem::ManuallyDrop::new(self);
+        std::mem::take(&mut this.0)
     }
 }
 
