@@ -237,6 +237,43 @@ fn every_containment_mode_holds_a_daemon() {
     }
 }
 
+/// A command that daemonizes a worker and exits at once: in every containment mode (with the
+/// subreaper alone, the guard's "no child left" is the only proof), the term lasts until the
+/// detached worker has finished, and the waiter's command starts only after that.
+#[test]
+fn a_detached_worker_holds_the_term_until_it_ends_in_every_mode() {
+    for mode in ["cgroup", "freezer", "subreaper"] {
+        let name = format!("detached-{mode}");
+        let dir = scratch(&name);
+        let election = unique(&name);
+        let d = dir.display();
+        let a_script = format!(
+            "setsid -f sh -c 'echo $$ > {d}/worker.pid; sleep 0.8; date +%s%N > {d}/worker.end'; exit 0"
+        );
+        let mut a = start(&election, &dir, "a", &["--containment", mode], &a_script);
+        let worker = wait_for(
+            &format!("{mode}: a's worker runs"),
+            Duration::from_secs(5),
+            || read_number(&dir.join("worker.pid")),
+        );
+        let b_script = format!("date +%s%N > {d}/b.start; exec sleep 30");
+        let mut b = start(&election, &dir, "b", &["--containment", mode], &b_script);
+        let started = wait_for(&format!("{mode}: b runs"), Duration::from_secs(10), || {
+            read_number(&dir.join("b.start"))
+        });
+        let ended = read_number(&dir.join("worker.end"))
+            .unwrap_or_else(|| panic!("{mode}: b started before a's worker ended"));
+        assert!(
+            started > ended,
+            "{mode}: b started at {started}, the worker ended at {ended}"
+        );
+        assert!(!alive(worker), "{mode}: the worker outlived the term");
+        assert_eq!(a.wait().unwrap().code(), Some(0), "{mode}");
+        signal(b.id() as i32, libc::SIGTERM);
+        let _ = b.wait();
+    }
+}
+
 fn cgroup_dirs(pid: u32) -> Vec<PathBuf> {
     [
         "/sys/fs/cgroup/unified",
