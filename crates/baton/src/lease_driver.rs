@@ -438,8 +438,10 @@ mod tests {
     }
 
     /// A modelled server and a lease granted by it over a link with this one-way latency.
+    /// On a clock that never sees a suspend: the host's `CLOCK_BOOTTIME − CLOCK_MONOTONIC`
+    /// jitters by a few nanoseconds between reads, which would leak into exact timings.
     async fn granted(latency: Duration) -> (Arc<Mutex<Server>>, LeaseHandle) {
-        granted_on(latency, Clock::new()).await
+        granted_on(latency, Clock::with_injected_suspend().0).await
     }
 
     async fn granted_on(latency: Duration, clock: Clock) -> (Arc<Mutex<Server>>, LeaseHandle) {
