@@ -335,59 +335,12 @@ impl BullyNode {
     }
 }
 
-/// The bully algorithm as a simulator [`super::Algorithm`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Bully {
-    /// Timing shared by every node.
-    pub config: BullyConfig,
-}
-
-impl super::Algorithm for Bully {
-    type Process = BullyNode;
-
-    fn node(&self, id: NodeId, nodes: usize, _stable: Option<&()>) -> BullyNode {
-        BullyNode::new(id, nodes, self.config)
-    }
-}
-
-impl Process for BullyNode {
-    type Message = Message;
-    type Stable = ();
-
-    fn start(&mut self, now: Instant, _entropy: u64) {
-        BullyNode::start(self, now);
-    }
-
-    fn handle_message(&mut self, now: Instant, _entropy: u64, from: NodeId, message: Message) {
-        BullyNode::handle_message(self, now, from, message);
-    }
-
-    fn handle_timeout(&mut self, now: Instant, _entropy: u64) {
-        BullyNode::handle_timeout(self, now);
-    }
-
-    fn poll_output(&mut self) -> Option<Output<Message, ()>> {
-        loop {
-            match self.poll_action()? {
-                Action::Send { to, message } => return Some(Output::Send { to, message }),
-                Action::BecameLeader { .. } | Action::SteppedDown => {}
-            }
-        }
-    }
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        BullyNode::poll_timeout(self)
-    }
-
-    fn leadership(&self, _now: Instant) -> Option<Leadership> {
-        self.leader_epoch()
-            .map(|token| Leadership { token, until: None })
-    }
-
-    fn is_election_traffic(message: &Message) -> bool {
-        !matches!(message, Message::Heartbeat { .. })
-    }
-}
+textbook_model!(
+    /// The bully algorithm as a simulator [`super::Algorithm`].
+    Bully,
+    BullyNode,
+    BullyConfig
+);
 
 #[cfg(test)]
 mod tests {

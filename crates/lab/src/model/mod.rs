@@ -13,6 +13,69 @@ use std::fmt;
 
 use baton_core::Instant;
 
+/// The simulator face of a textbook model (bully, ring), whose module has a node type with
+/// `new(id, nodes, config)`, `start`, `handle_message`, `handle_timeout`, `poll_action`,
+/// `poll_timeout` and `leader_epoch`, an `Action` enum (`Send`, `BecameLeader`, `SteppedDown`)
+/// and a `Message` enum with a `Heartbeat`: it needs no entropy, persists nothing, leads
+/// until told otherwise (the epoch is its token), and its heartbeats are not election traffic.
+macro_rules! textbook_model {
+    ($(#[$doc:meta])* $algorithm:ident, $node:ident, $config:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default)]
+        pub struct $algorithm {
+            /// Timing shared by every node.
+            pub config: $config,
+        }
+
+        impl super::Algorithm for $algorithm {
+            type Process = $node;
+
+            fn node(&self, id: NodeId, nodes: usize, _stable: Option<&()>) -> $node {
+                $node::new(id, nodes, self.config)
+            }
+        }
+
+        impl Process for $node {
+            type Message = Message;
+            type Stable = ();
+
+            fn start(&mut self, now: Instant, _entropy: u64) {
+                $node::start(self, now);
+            }
+
+            fn handle_message(&mut self, now: Instant, _entropy: u64, from: NodeId, message: Message) {
+                $node::handle_message(self, now, from, message);
+            }
+
+            fn handle_timeout(&mut self, now: Instant, _entropy: u64) {
+                $node::handle_timeout(self, now);
+            }
+
+            fn poll_output(&mut self) -> Option<Output<Message, ()>> {
+                loop {
+                    match self.poll_action()? {
+                        Action::Send { to, message } => return Some(Output::Send { to, message }),
+                        Action::BecameLeader { .. } | Action::SteppedDown => {}
+                    }
+                }
+            }
+
+            fn poll_timeout(&self) -> Option<Instant> {
+                $node::poll_timeout(self)
+            }
+
+            fn leadership(&self, _now: Instant) -> Option<Leadership> {
+                self.leader_epoch()
+                    .map(|token| Leadership { token, until: None })
+            }
+
+            fn is_election_traffic(message: &Message) -> bool {
+                !matches!(message, Message::Heartbeat { .. })
+            }
+        }
+    };
+}
+
 pub mod bully;
 pub mod lease;
 pub mod raft;

@@ -428,59 +428,12 @@ impl RingNode {
     }
 }
 
-/// The ring algorithm as a simulator [`super::Algorithm`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Ring {
-    /// Timing shared by every node.
-    pub config: RingConfig,
-}
-
-impl super::Algorithm for Ring {
-    type Process = RingNode;
-
-    fn node(&self, id: NodeId, nodes: usize, _stable: Option<&()>) -> RingNode {
-        RingNode::new(id, nodes, self.config)
-    }
-}
-
-impl Process for RingNode {
-    type Message = Message;
-    type Stable = ();
-
-    fn start(&mut self, now: Instant, _entropy: u64) {
-        RingNode::start(self, now);
-    }
-
-    fn handle_message(&mut self, now: Instant, _entropy: u64, from: NodeId, message: Message) {
-        RingNode::handle_message(self, now, from, message);
-    }
-
-    fn handle_timeout(&mut self, now: Instant, _entropy: u64) {
-        RingNode::handle_timeout(self, now);
-    }
-
-    fn poll_output(&mut self) -> Option<Output<Message, ()>> {
-        loop {
-            match self.poll_action()? {
-                Action::Send { to, message } => return Some(Output::Send { to, message }),
-                Action::BecameLeader { .. } | Action::SteppedDown => {}
-            }
-        }
-    }
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        RingNode::poll_timeout(self)
-    }
-
-    fn leadership(&self, _now: Instant) -> Option<Leadership> {
-        self.leader_epoch()
-            .map(|token| Leadership { token, until: None })
-    }
-
-    fn is_election_traffic(message: &Message) -> bool {
-        !matches!(message, Message::Heartbeat { .. })
-    }
-}
+textbook_model!(
+    /// The ring algorithm as a simulator [`super::Algorithm`].
+    Ring,
+    RingNode,
+    RingConfig
+);
 
 #[cfg(test)]
 mod tests {
