@@ -25,6 +25,7 @@ use anyhow::Context;
 use baton::{Backend, Election, ElectionConfig};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
+use tracing_subscriber::layer::SubscriberExt;
 
 /// Exit code for bad input.
 pub const EXIT_USAGE: u8 = 2;
@@ -192,11 +193,19 @@ fn main() -> ExitCode {
     }));
     // The library reports retries and resynchronisations as warnings; show them on stderr
     // (through the non-blocking writer: a stalled stderr must never stall renewals).
-    tracing_subscriber::fmt()
+    // openraft's own errors are left out: `baton server` reports a stop of its Raft node in
+    // one line of its own, where openraft writes several per failed request.
+    let subscriber = tracing_subscriber::fmt()
         .with_writer(log::Writer::default)
         .with_max_level(tracing::Level::WARN)
         .event_format(BatonLines)
-        .init();
+        .finish()
+        .with(
+            tracing_subscriber::filter::Targets::new()
+                .with_default(tracing::Level::WARN)
+                .with_target("openraft", tracing::level_filters::LevelFilter::OFF),
+        );
+    let _ = tracing::subscriber::set_global_default(subscriber);
     let command = match cli.command {
         Command::Server(args) => {
             let code = match server::main(args) {

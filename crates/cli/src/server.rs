@@ -1,5 +1,6 @@
 //! `baton server`: the embedded coordination server (the etcd v3 API subset elections need).
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -43,7 +44,10 @@ const LOG_FILE: &str = "raft.redb";
 
 /// Opens an existing Raft log in a child process first (`baton __open-log`): redb meets some
 /// damage (a file cut short, say) with an assertion, which would abort this process with a
-/// panic; the child's failure becomes one clear line and exit code 2 instead.
+/// panic; the child's failure becomes one clear line and exit code 2 instead. The child tells
+/// a damaged log (exit code [`LOG_DAMAGED`], or a panic) from one that is fine but cannot be
+/// opened here (in use by another server, a read-only file system): only the first gets the
+/// advice to restore or move the directory, which would take revisions back.
 fn check_log(data: &std::path::Path) -> anyhow::Result<()> {
     let path = data.join(LOG_FILE);
     if !path.exists() {
@@ -70,6 +74,9 @@ fn check_log(data: &std::path::Path) -> anyhow::Result<()> {
         .unwrap_or("it could not be opened")
         .trim_start_matches("baton: error: ")
         .to_string();
+    if output.status.code() == Some(i32::from(crate::EXIT_USAGE)) {
+        return Err(UsageError(format!("the Raft log {why}")).into());
+    }
     Err(UsageError(format!(
         "the Raft log {} cannot be opened ({why}); it is damaged: restore the data directory \
          from a backup, or move it away to start an empty server",
@@ -78,14 +85,22 @@ fn check_log(data: &std::path::Path) -> anyhow::Result<()> {
     .into())
 }
 
-/// `baton __open-log PATH`: opens the Raft log and exits 0, or prints why not and exits 2 (a
-/// panic inside redb aborts, which the parent also reads as failure).
+/// `baton __open-log`'s exit code for a log that redb found damaged.
+const LOG_DAMAGED: u8 = 3;
+
+/// `baton __open-log PATH`: opens the Raft log and exits 0; or prints why not and exits
+/// [`LOG_DAMAGED`] for a damaged file, 2 for any other reason (a panic inside redb aborts,
+/// which the parent also reads as damage).
 pub fn open_log(path: &std::path::Path) -> std::process::ExitCode {
     match baton_server::log_store::open_database(path) {
         Ok(_) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("baton: error: {error}");
-            std::process::ExitCode::from(crate::EXIT_USAGE)
+            std::process::ExitCode::from(if error.kind() == std::io::ErrorKind::InvalidData {
+                LOG_DAMAGED
+            } else {
+                crate::EXIT_USAGE
+            })
         }
     }
 }
@@ -108,18 +123,34 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
             }
             other => anyhow::Error::new(other),
         })?;
-    println!(
-        "{}",
-        serde_json::json!({ "listening": server.addr().to_string() })
-    );
+    // Scripts read this line; one that nobody reads (stdout closed or full) must not stop a
+    // server that is otherwise fine.
+    let ready = serde_json::json!({ "listening": server.addr().to_string() });
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = writeln!(stdout, "{ready}").and_then(|()| stdout.flush()) {
+        crate::log::line(&format!(
+            "baton server: warning: cannot print the listening address on stdout: {error}"
+        ));
+    }
+    drop(stdout);
     crate::log::line(&format!(
         "baton server: serving the etcd v3 API on {} (member {:x})",
         server.addr(),
         server.member_id()
     ));
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    let failed = tokio::select! {
+        _ = terminate.recv() => None,
+        _ = tokio::signal::ctrl_c() => None,
+        error = server.failed() => Some(error),
+    };
+    if let Some(error) = failed {
+        // Clients see the connection close and go to another endpoint or wait; a supervisor
+        // (systemd, say) restarts the server once the cause is fixed.
+        let _ = server.shutdown().await;
+        anyhow::bail!(
+            "{error}; it serves nothing until restarted: every acknowledged write is on disk, so \
+             fix the cause (free disk space, say) and start it again on the same data directory"
+        );
     }
     server.shutdown().await.context("stopping")?;
     Ok(())

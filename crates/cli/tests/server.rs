@@ -522,6 +522,15 @@ fn bad_input_is_one_line_and_exit_2() {
             ],
             "data directory /proc/baton",
         ),
+        (
+            vec![
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--data".into(),
+                dir.join("raft.redb").display().to_string(),
+            ],
+            "exists and is not a directory",
+        ),
     ];
     for (args, expected) in cases {
         let output = baton().arg("server").args(&args).output().unwrap();
@@ -529,6 +538,9 @@ fn bad_input_is_one_line_and_exit_2() {
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        // A log that is fine (here: in use by the running server) is never called damaged,
+        // with advice to move it away: that would start an empty server, tokens from 1.
+        assert!(!stderr.contains("damaged"), "{args:?}: {stderr}");
     }
 }
 
@@ -650,14 +662,17 @@ fn watch_ids_are_not_reused_on_a_stream() {
 
 /// Runs `f` with an etcd client connected to `server`, on a runtime of its own.
 fn with_client<T>(server: &ServerProcess, f: impl AsyncFnOnce(&mut etcd_client::Client) -> T) -> T {
+    with_addr(&server.addr, f)
+}
+
+/// [`with_client`] for a server at `addr`.
+fn with_addr<T>(addr: &str, f: impl AsyncFnOnce(&mut etcd_client::Client) -> T) -> T {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let mut client = etcd_client::Client::connect([&server.addr], None)
-            .await
-            .unwrap();
+        let mut client = etcd_client::Client::connect([addr], None).await.unwrap();
         f(&mut client).await
     })
 }
@@ -752,6 +767,130 @@ fn a_truncated_raft_log_is_refused_with_one_line() {
     std::fs::write(&path, &pristine).unwrap();
     server.restart();
     assert_eq!(revision_of(&server), revision);
+}
+
+/// A write to the Raft log that fails (the disk is full; here the file size limit, which fails
+/// writes the same way without needing a disk to fill) stops the server with one line and a
+/// non-zero exit instead of leaving it listening while it can serve nothing; a restart on the
+/// same data directory has every acknowledged write.
+#[test]
+fn a_failed_log_write_stops_the_server_with_one_line_and_loses_nothing() {
+    use std::os::unix::process::CommandExt;
+    let dir = scratch("server-full");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut command = baton();
+    command
+        .args(["server", "--listen", &listen, "--data"])
+        .arg(&*dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            // Writes past 3 MB fail with EFBIG (instead of a SIGXFSZ that would kill it).
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit {
+                rlim_cur: 3 << 20,
+                rlim_max: 3 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    stderr.read_line(&mut first).unwrap();
+    assert!(first.contains("serving the etcd v3 API"), "{first}");
+    let value = "z".repeat(200_000);
+    let acknowledged = with_addr(&listen, async |client| {
+        let mut acknowledged = Vec::new();
+        for i in 0..40 {
+            match client.put(format!("/full/{i}"), value.clone(), None).await {
+                Ok(_) => acknowledged.push(format!("/full/{i}")),
+                Err(_) => break,
+            }
+        }
+        acknowledged
+    });
+    assert!(
+        !acknowledged.is_empty() && acknowledged.len() < 40,
+        "{} puts of 200 kB under a 3 MB file size limit",
+        acknowledged.len()
+    );
+    let status = wait_for("the server to exit", Duration::from_secs(10), || {
+        child.try_wait().unwrap()
+    });
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert_eq!(status.code(), Some(1), "{rest}");
+    assert_eq!(rest.trim().lines().count(), 1, "{rest}");
+    assert!(
+        rest.contains("the Raft node stopped")
+            && rest.contains("File too large")
+            && rest.contains("same data directory"),
+        "{rest}"
+    );
+    // Restarted without the limit: every acknowledged write is there.
+    let server = ServerProcess::start(&listen, &dir);
+    for key in &acknowledged {
+        let got = ctl(&server, &["get", key, "--print-value-only"]);
+        assert_eq!(got.trim_end().len(), value.len(), "{key}");
+    }
+    assert_eq!(ctl(&server, &["put", "after", "ok"]), "OK\n");
+}
+
+/// Nobody reading the `{"listening":…}` line (stdout closed or full) does not stop a server
+/// that is otherwise fine: it says so on stderr and serves.
+#[test]
+fn a_closed_or_full_stdout_does_not_stop_the_server() {
+    let dir = scratch("server-stdout");
+    for (round, stdout) in ["closed", "full"].into_iter().enumerate() {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let mut command = baton();
+        command
+            .args(["server", "--listen", &listen, "--data"])
+            .arg(dir.join(format!("d{round}")))
+            .stderr(Stdio::piped());
+        if stdout == "full" {
+            command.stdout(std::fs::File::create("/dev/full").unwrap());
+        } else {
+            command.stdout(Stdio::piped());
+        }
+        let mut child = command.spawn().unwrap();
+        drop(child.stdout.take());
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut lines = String::new();
+        while !lines.contains("serving the etcd v3 API") {
+            assert!(
+                stderr.read_line(&mut lines).unwrap() > 0,
+                "{stdout}: {lines}"
+            );
+        }
+        assert!(
+            lines.contains("cannot print the listening address"),
+            "{stdout}: {lines}"
+        );
+        let put = with_addr(&listen, async |client| {
+            client.put("k", "v", None).await.map(|_| ())
+        });
+        assert!(put.is_ok(), "{stdout}: {put:?}");
+        signal(child.id() as i32, libc::SIGTERM);
+        assert!(child.wait().unwrap().success(), "{stdout}");
+    }
+}
+
+/// A port that was free a moment ago (the servers above need a known one: their stdout is
+/// not read).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// `baton shards` across a server restart within the TTL: every shard keeps its owner and its

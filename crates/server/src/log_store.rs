@@ -105,6 +105,10 @@ impl LogStore {
 }
 
 /// Opens the redb database behind a data directory; one process at a time (redb locks it).
+///
+/// A damaged file (redb finds it corrupted, cut short or in a format it cannot read) is an
+/// error of kind [`io::ErrorKind::InvalidData`]; every other failure (in use by another server,
+/// a read-only file system, no permission) keeps its own kind, since the file is fine.
 pub fn open_database(path: &Path) -> io::Result<Database> {
     Database::create(path).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => io::Error::new(
@@ -114,7 +118,19 @@ pub fn open_database(path: &Path) -> io::Result<Database> {
                 path.display()
             ),
         ),
-        other => io::Error::other(format!("cannot open {}: {other}", path.display())),
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() != io::ErrorKind::UnexpectedEof
+                && io.kind() != io::ErrorKind::InvalidData =>
+        {
+            io::Error::new(
+                io.kind(),
+                format!("{} cannot be opened: {io}", path.display()),
+            )
+        }
+        other => io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("cannot open {}: {other}", path.display()),
+        ),
     })
 }
 
@@ -184,6 +200,7 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Write>) {
             continue;
         }
         let result = commit(db, &batch).map_err(|e| e.to_string());
+        let reported = batch.iter().any(waited_for);
         for write in batch {
             let outcome = result.clone().map_err(io::Error::other);
             match write {
@@ -194,10 +211,14 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Write>) {
                 Write::Append(_, None) | Write::Purge(_) | Write::Committed(_) => {}
             }
         }
-        if let Err(error) = result {
-            // A log that cannot be written cannot be trusted to hold what it acknowledged;
-            // openraft turns the reported error into a fatal stop of this member.
-            tracing::error!(%error, "the Raft log could not be written");
+        match result {
+            // A waiter got the error: openraft turns it into a fatal stop of this member, and
+            // the server exits saying why.
+            Err(_) if reported => {}
+            // Only the committed index or a purge failed; the next write that somebody waits
+            // for meets the same disk.
+            Err(error) => tracing::error!(%error, "the Raft log could not be written"),
+            Ok(()) => {}
         }
     }
 }

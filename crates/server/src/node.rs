@@ -240,6 +240,23 @@ impl RunningServer {
         }
     }
 
+    /// Resolves when the Raft node has stopped by itself: a write to the log or the state
+    /// machine failed (a full disk, say). Nothing can be written or read consistently after
+    /// that, so the caller should stop serving and exit; every acknowledged write is already on
+    /// disk, and a restart on the same data directory (once the cause is fixed) goes on from
+    /// there.
+    pub async fn failed(&self) -> ServerError {
+        let mut metrics = self.node.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+                return ServerError::Raft(format!("the Raft node stopped: {fatal}"));
+            }
+            if metrics.changed().await.is_err() {
+                return ServerError::Raft("the Raft node stopped".into());
+            }
+        }
+    }
+
     /// Waits until the server stops serving (it does not on its own, short of a fatal error).
     pub async fn wait(&mut self) -> Result<(), ServerError> {
         match (&mut self.serving).await {
@@ -269,6 +286,12 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let addr = listener
         .local_addr()
         .map_err(|e| ServerError::Listen(config.listen, e))?;
+    if config.data_dir.exists() && !config.data_dir.is_dir() {
+        return Err(ServerError::Data(
+            config.data_dir.clone(),
+            std::io::Error::other("it exists and is not a directory"),
+        ));
+    }
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServerError::Data(config.data_dir.clone(), e))?;
     let data = |e| ServerError::Data(config.data_dir.clone(), e);
