@@ -12,7 +12,9 @@
 //! once: the server shares the supervisor's single runtime thread, so it never blocks and
 //! never lets a client hold on to work.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,7 +22,7 @@ use baton::{Election, LeaderInfo, Leadership, LeaseHealth, Observed};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::{LeaderLine, UsageError};
 
@@ -36,7 +38,10 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// After answering, how long (and how much) a connection is read until the client closes.
 const LINGER: Duration = Duration::from_millis(500);
 const MAX_LINGER_BYTES: usize = 64 * 1024;
-/// Connections served at once; more are closed at once (scrapers retry).
+/// Connections open at once. When a new one comes, the oldest that has not sent its request
+/// yet (or is lingering after its answer) is closed to make room, so that clients which
+/// connect and say nothing cannot lock a health probe out; only with every connection busy
+/// composing an answer is the new one closed.
 const MAX_CONNECTIONS: usize = 16;
 /// How often histograms are folded into their buckets when nobody scrapes (bounds memory).
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -208,8 +213,15 @@ struct State {
     leader: watch::Receiver<Option<Option<LeaderInfo>>>,
 }
 
+/// One open connection, as the accept loop sees it.
+struct Open {
+    task: tokio::task::AbortHandle,
+    /// Not composing an answer: waiting for the request, or lingering after the answer.
+    idle: Arc<AtomicBool>,
+}
+
 async fn accept(listener: TcpListener, state: Arc<State>) {
-    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut open: VecDeque<Open> = VecDeque::with_capacity(MAX_CONNECTIONS);
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -219,20 +231,33 @@ async fn accept(listener: TcpListener, state: Arc<State>) {
                 continue;
             }
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            continue;
-        };
-        let state = state.clone();
-        tokio::spawn(async move {
-            serve(stream, &state).await;
-            drop(permit);
+        open.retain(|connection| !connection.task.is_finished());
+        if open.len() >= MAX_CONNECTIONS {
+            let Some(oldest_idle) = open.iter().position(|c| c.idle.load(Ordering::Relaxed)) else {
+                continue;
+            };
+            if let Some(evicted) = open.remove(oldest_idle) {
+                evicted.task.abort();
+            }
+        }
+        let idle = Arc::new(AtomicBool::new(true));
+        let task = tokio::spawn({
+            let state = state.clone();
+            let idle = idle.clone();
+            async move { serve(stream, &state, &idle).await }
+        });
+        open.push_back(Open {
+            task: task.abort_handle(),
+            idle,
         });
     }
 }
 
 /// Serves one request and closes the connection.
-async fn serve(mut stream: TcpStream, state: &State) {
-    let response = match tokio::time::timeout(IO_TIMEOUT, read_head(&mut stream)).await {
+async fn serve(mut stream: TcpStream, state: &State, idle: &AtomicBool) {
+    let head = tokio::time::timeout(IO_TIMEOUT, read_head(&mut stream)).await;
+    idle.store(false, Ordering::Relaxed);
+    let response = match head {
         Err(_) => Response::text(408, "request timeout"),
         Ok(Head::Closed) => return,
         Ok(Head::TooLarge) => Response::text(431, "request head too large"),
@@ -247,6 +272,7 @@ async fn serve(mut stream: TcpStream, state: &State) {
         stream.shutdown().await
     })
     .await;
+    idle.store(true, Ordering::Relaxed);
     // Closing with unread bytes (the rest of a refused head) would reset the connection,
     // and the client could lose the answer: read a bounded amount until it closes.
     let _ = tokio::time::timeout(LINGER, async {
