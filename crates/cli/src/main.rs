@@ -192,17 +192,23 @@ fn main() -> ExitCode {
         std::process::abort();
     }));
     // The library reports retries and resynchronisations as warnings; show them on stderr
-    // (through the non-blocking writer: a stalled stderr must never stall renewals).
+    // (through the non-blocking writer: a stalled stderr must never stall renewals). The demo
+    // shows what happens in its own view, and a failure in one line: only errors there.
     // openraft's own errors are left out: `baton server` reports a stop of its Raft node in
     // one line of its own, where openraft writes several per failed request.
+    let level = if matches!(cli.command, Command::Demo(_)) {
+        tracing::Level::ERROR
+    } else {
+        tracing::Level::WARN
+    };
     let subscriber = tracing_subscriber::fmt()
         .with_writer(log::Writer::default)
-        .with_max_level(tracing::Level::WARN)
+        .with_max_level(level)
         .event_format(BatonLines)
         .finish()
         .with(
             tracing_subscriber::filter::Targets::new()
-                .with_default(tracing::Level::WARN)
+                .with_default(level)
                 .with_target("openraft", tracing::level_filters::LevelFilter::OFF),
         );
     let _ = tracing::subscriber::set_global_default(subscriber);
@@ -255,10 +261,15 @@ fn exit_code_for(error: &anyhow::Error) -> ExitCode {
         return ExitCode::from(*code);
     }
     log::line(&format!("baton: error: {}", one_line(error)));
+    ExitCode::from(exit_status_of(error))
+}
+
+/// The exit code for `error`: [`EXIT_USAGE`] for bad input, 1 otherwise.
+pub(crate) fn exit_status_of(error: &anyhow::Error) -> u8 {
     if error.downcast_ref::<UsageError>().is_some() || is_input_error(error) {
-        ExitCode::from(EXIT_USAGE)
+        EXIT_USAGE
     } else {
-        ExitCode::FAILURE
+        1
     }
 }
 
@@ -285,7 +296,7 @@ fn is_input_error(error: &anyhow::Error) -> bool {
 }
 
 /// The error and its causes on one line.
-fn one_line(error: &anyhow::Error) -> String {
+pub(crate) fn one_line(error: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in error.chain() {
         let text = cause.to_string();

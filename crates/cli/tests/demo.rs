@@ -227,6 +227,7 @@ fn bad_flags_are_one_line_and_exit_2() {
         &["--candidates", "2"][..],
         &["--ttl", "0s"],
         &["--ttl", "1 fortnight"],
+        &["--ttl", "1500ms"],
         &["--backend", "foo://x"],
         &["--backend", "memory://x"],
         &["--report", "/nonexistent-dir/report.html"],
@@ -242,4 +243,38 @@ fn bad_flags_are_one_line_and_exit_2() {
         assert_eq!(stderr.lines().count(), 1, "{flags:?}: {stderr}");
         assert!(stderr.starts_with("baton: error: "), "{flags:?}: {stderr}");
     }
+}
+
+/// A step that fails (here the demo's own server is killed with SIGKILL under it) ends the demo
+/// with one line on stderr naming the failure and where the report so far is, exit code 1,
+/// and nothing left behind.
+#[test]
+fn a_failed_step_is_one_line_exit_1_and_a_report() {
+    let demo = Demo::start("demo-failed");
+    let (dir, tmp, report) = (demo.dir.clone(), demo.tmp.clone(), demo.report.clone());
+    let mut seen = Vec::new();
+    demo.wait_line("leads: its job writes", Duration::from_secs(30), &mut seen);
+    let server = seen
+        .iter()
+        .find_map(|line| {
+            let rest = line.split("embedded server (pid ").nth(1)?;
+            rest.split(')').next()?.parse::<i32>().ok()
+        })
+        .unwrap_or_else(|| panic!("no server pid in:\n{}", seen.join("\n")));
+    signal(server, libc::SIGKILL);
+    let (code, stdout, stderr) = demo.finish(Duration::from_secs(60), seen);
+    assert_eq!(code, Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("baton: error: "), "{stderr}");
+    assert!(
+        stderr.contains(&format!("the report so far is in {}", report.display())),
+        "{stderr}"
+    );
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(
+        html.contains("The demo failed"),
+        "the report does not say it failed"
+    );
+    assert_nothing_left(&tmp);
+    std::fs::remove_dir_all(dir).unwrap();
 }

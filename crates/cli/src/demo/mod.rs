@@ -271,9 +271,9 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    if !(MIN_TTL..=MAX_TTL).contains(&args.ttl) {
+    if !(MIN_TTL..=MAX_TTL).contains(&args.ttl) || args.ttl.subsec_nanos() != 0 {
         return Err(UsageError(format!(
-            "--ttl {}: the demo takes {} to {}",
+            "--ttl {}: the demo takes whole seconds from {} to {}",
             baton::format_duration(args.ttl),
             baton::format_duration(MIN_TTL),
             baton::format_duration(MAX_TTL)
@@ -379,20 +379,23 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Err(error) => {
-            if let Some(Ok(())) = wrote {
-                log::line(&format!(
-                    "baton: demo: the report so far is in {}",
-                    args.report.display()
-                ));
-            }
+            let report = match wrote {
+                Some(Ok(())) => format!("; the report so far is in {}", args.report.display()),
+                _ => String::new(),
+            };
             if let Some(Interrupted(signal)) = error.downcast_ref::<Interrupted>() {
                 log::line(&format!(
-                    "baton: demo: {}; every process it started is stopped",
+                    "baton: demo: {}; every process it started is stopped{report}",
                     Interrupted(*signal)
                 ));
                 return Err(Exit(128 + *signal as u8).into());
             }
-            Err(error)
+            // One line: the failure, then where its report is.
+            log::line(&format!(
+                "baton: error: {}{report}",
+                crate::one_line(&error)
+            ));
+            Err(Exit(crate::exit_status_of(&error)).into())
         }
     }
 }
