@@ -574,6 +574,15 @@ fn malformed_and_oversized_requests_are_refused() {
         empty.contains("key is not provided") || empty.contains("put command needs"),
         "{empty}"
     );
+    // RPCs outside the served subset (a Maintenance method, the Auth service) are refused
+    // with a message that says what is served, not gRPC's bare "Unimplemented".
+    for args in [&["defrag"][..], &["alarm", "list"], &["user", "list"]] {
+        let refused = ctl_fails(&server, args);
+        assert!(
+            refused.contains("code = Unimplemented desc = baton server does not implement"),
+            "{args:?}: {refused}"
+        );
+    }
     // Still serving.
     assert_eq!(ctl(&server, &["put", "after", "ok"]), "OK\n");
     assert!(common::alive(server.pid() as u64));

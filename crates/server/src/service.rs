@@ -50,6 +50,7 @@ pub async fn serve(
         })
     });
     tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(explain_unimplemented))
         .add_service(KvServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(LeaseServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(WatchServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
@@ -57,6 +58,29 @@ pub async fn serve(
         .add_service(MaintenanceServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
+}
+
+/// What an RPC outside the served subset is told (tonic's own answer has no message).
+const UNIMPLEMENTED: &str = "baton server does not implement this RPC: it serves the part of \
+    the etcd v3 API that leases, elections and locks use (KV, Watch, Lease, Cluster.MemberList, \
+    Maintenance.Status)";
+
+/// Gives tonic's bare `Unimplemented` (a method or service of etcd's API that is not served
+/// here: defragment, alarms, auth...) a message that says so.
+fn explain_unimplemented(
+    mut response: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let headers = response.headers_mut();
+    let unimplemented = headers
+        .get("grpc-status")
+        .is_some_and(|code| code.as_bytes() == b"12");
+    if unimplemented && headers.get("grpc-message").is_none_or(|m| m.is_empty()) {
+        headers.insert(
+            "grpc-message",
+            http::HeaderValue::from_static(UNIMPLEMENTED),
+        );
+    }
+    response
 }
 
 #[derive(Clone)]
