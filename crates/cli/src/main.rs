@@ -386,7 +386,15 @@ async fn observe(target: Target) -> anyhow::Result<()> {
     let (_backend, election) =
         open_election(&target.backend, &target.election, inspect_config()).await?;
     let mut observer = election.observe().await.context("starting to observe")?;
-    while let Some(observed) = observer.next().await {
+    let closed = stdout_closed();
+    tokio::pin!(closed);
+    loop {
+        let observed = tokio::select! {
+            observed = observer.next() => observed,
+            // `baton observe | head -1` on a quiet election: end now, not at the next change.
+            () = &mut closed => return Err(Exit(0).into()),
+        };
+        let Some(observed) = observed else { break };
         match observed {
             baton::Observed::Leader(leader) => print_line(&target.election, leader)?,
             baton::Observed::Unavailable { reason } => {
@@ -398,6 +406,25 @@ async fn observe(target: Target) -> anyhow::Result<()> {
         }
     }
     Err(baton::Error::Closed).context("observing")
+}
+
+/// Resolves when stdout is a pipe or socket whose reader has gone (the kernel then reports an
+/// error condition on our end); never for a terminal or a file, which cannot be watched.
+async fn stdout_closed() {
+    use std::os::fd::AsFd;
+    use tokio::io::{unix::AsyncFd, Interest};
+    let watched = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        // SAFETY: `fd` is an OwnedFd the AsyncFd owns: open, and the same, until dropped.
+        .and_then(|fd| unsafe { AsyncFd::register_with_interest(fd, Interest::ERROR) }.ok());
+    match watched {
+        Some(fd) => {
+            let _ = fd.ready(Interest::ERROR).await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 fn print_line(election: &str, leader: Option<baton::LeaderInfo>) -> anyhow::Result<()> {

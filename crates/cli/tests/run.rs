@@ -480,14 +480,13 @@ fn observe_ends_quietly_when_its_reader_closes_the_pipe() {
         .read_line(&mut first)
         .unwrap();
     assert!(first.contains("\"leader\":null"), "{first}");
-    // The reader is gone (dropped above); a leader comes and goes.
-    let status = run_script(&election, &[], "true").status().unwrap();
-    assert!(status.success());
-    let exited = wait_for("observe ends", Duration::from_secs(10), || {
+    // The reader is gone (dropped above) and nothing changes: it ends anyway, at once,
+    // quietly (not at the next change, which may be days away).
+    let exited = wait_for("observe ends", Duration::from_secs(5), || {
         observer.try_wait().unwrap()
     });
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut observer.stderr.take().unwrap(), &mut stderr).unwrap();
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(!exited.success() || stderr.is_empty(), "{stderr}");
+    assert!(exited.success(), "{exited}: {stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
 }
