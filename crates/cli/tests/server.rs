@@ -485,6 +485,8 @@ fn kill_9_loses_no_acknowledged_write() {
 fn bad_input_is_one_line_and_exit_2() {
     let dir = scratch("server-bad");
     let server = ServerProcess::start("127.0.0.1:0", &dir);
+    let dangling = dir.join("dangling");
+    std::os::unix::fs::symlink(dir.join("nowhere"), &dangling).unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             vec![
@@ -528,6 +530,15 @@ fn bad_input_is_one_line_and_exit_2() {
                 "127.0.0.1:0".into(),
                 "--data".into(),
                 dir.join("raft.redb").display().to_string(),
+            ],
+            "exists and is not a directory",
+        ),
+        (
+            vec![
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--data".into(),
+                dangling.display().to_string(),
             ],
             "exists and is not a directory",
         ),
@@ -640,8 +651,78 @@ fn a_corrupt_or_missing_snapshot_is_refused() {
         "{line}"
     );
     std::fs::write(&path, &pristine).unwrap();
+    // The log emptied, or gone, beside the snapshot: refused, never a new member that cannot
+    // lead this data.
+    let log = dir.join("raft.redb");
+    let log_pristine = std::fs::read(&log).unwrap();
+    std::fs::write(&log, b"").unwrap();
+    let line = refused(&dir, &[]);
+    assert!(
+        line.contains("is empty") && line.contains("damaged"),
+        "{line}"
+    );
+    std::fs::remove_file(&log).unwrap();
+    let line = refused(&dir, &[]);
+    assert!(
+        line.contains("raft.redb is missing beside a snapshot"),
+        "{line}"
+    );
+    std::fs::write(&log, &log_pristine).unwrap();
     server.restart();
     assert_eq!(revision_of(&server), revision);
+}
+
+/// A Raft log emptied by accident is refused as damaged: redb would make an empty file into a
+/// new database, and the server would start again from revision 1 (fencing tokens included).
+#[test]
+fn an_emptied_raft_log_is_refused_not_started_anew() {
+    let dir = scratch("server-emptied");
+    let mut server = ServerProcess::start("127.0.0.1:0", &dir);
+    put_many(&server, 10);
+    let revision = revision_of(&server);
+    server.stop();
+    let log = dir.join("raft.redb");
+    let pristine = std::fs::read(&log).unwrap();
+    std::fs::write(&log, b"").unwrap();
+    let line = refused(&dir, &[]);
+    assert!(
+        line.contains("is empty") && line.contains("damaged"),
+        "{line}"
+    );
+    // Refusing left the file as it was (still empty), and the restored log serves again.
+    assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+    std::fs::write(&log, &pristine).unwrap();
+    server.restart();
+    assert_eq!(revision_of(&server), revision);
+}
+
+/// A first start that fails half-way through making its log (here the file size limit, as a
+/// full disk) leaves no log behind, so the next start makes one and serves, rather than
+/// calling a log that never held anything damaged.
+#[test]
+fn a_first_start_that_cannot_write_its_log_leaves_none() {
+    let dir = scratch("server-first-full");
+    let data = dir.join("d");
+    let mut command = baton();
+    command
+        .args(["server", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    limit_file_size(&mut command, 100 << 10);
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("File too large"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let server = ServerProcess::start("127.0.0.1:0", &data);
+    assert_eq!(ctl(&server, &["put", "k", "v"]), "OK\n");
 }
 
 /// Watch ids on one stream count up and are not reused after a cancel, as on etcd.
@@ -784,7 +865,6 @@ fn a_truncated_raft_log_is_refused_with_one_line() {
 /// same data directory has every acknowledged write.
 #[test]
 fn a_failed_log_write_stops_the_server_with_one_line_and_loses_nothing() {
-    use std::os::unix::process::CommandExt;
     let dir = scratch("server-full");
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -794,21 +874,7 @@ fn a_failed_log_write_stops_the_server_with_one_line_and_loses_nothing() {
         .arg(&*dir)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            // Writes past 3 MB fail with EFBIG (instead of a SIGXFSZ that would kill it).
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            let limit = libc::rlimit {
-                rlim_cur: 3 << 20,
-                rlim_max: 3 << 20,
-            };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    limit_file_size(&mut command, 3 << 20);
     let mut child = command.spawn().unwrap();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut first = String::new();
@@ -889,6 +955,26 @@ fn a_closed_or_full_stdout_does_not_stop_the_server() {
         assert!(put.is_ok(), "{stdout}: {put:?}");
         signal(child.id() as i32, libc::SIGTERM);
         assert!(child.wait().unwrap().success(), "{stdout}");
+    }
+}
+
+/// Files `command` writes cannot grow past `bytes`: writes beyond fail with EFBIG, as on a full
+/// disk (SIGXFSZ, which would kill it instead, is ignored).
+fn limit_file_size(command: &mut Command, bytes: libc::rlim_t) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

@@ -110,6 +110,14 @@ impl LogStore {
 /// error of kind [`io::ErrorKind::InvalidData`]; every other failure (in use by another server,
 /// a read-only file system, no permission) keeps its own kind, since the file is fine.
 pub fn open_database(path: &Path) -> io::Result<Database> {
+    // redb would make an empty file into a new, empty database: a log emptied by accident
+    // would then start a new member from revision 1, fencing tokens included.
+    if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is empty", path.display()),
+        ));
+    }
     Database::create(path).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => io::Error::new(
             io::ErrorKind::WouldBlock,
@@ -215,9 +223,10 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Write>) {
             // A waiter got the error: openraft turns it into a fatal stop of this member, and
             // the server exits saying why.
             Err(_) if reported => {}
-            // Only the committed index or a purge failed; the next write that somebody waits
-            // for meets the same disk.
-            Err(error) => tracing::error!(%error, "the Raft log could not be written"),
+            // Only the committed index or a purge failed: harmless (openraft re-derives both),
+            // and the next write somebody waits for meets the same disk and stops the member
+            // with its own line.
+            Err(error) => tracing::debug!(%error, "the Raft log could not be written"),
             Ok(()) => {}
         }
     }
@@ -434,7 +443,60 @@ pub struct Identity {
 const META_IDENTITY: &str = "identity";
 
 /// Reads this data directory's identity, creating it on first use.
-pub fn identity(db: &Database) -> io::Result<Identity> {
+/// Creates the Raft log of a new data directory at `path`, with a new member identity:
+/// made under a temporary name and renamed into place once durable, so that `path` exists
+/// only holding an identity. A start that fails half-way (a full disk) leaves no log that a
+/// later start would take for a damaged one, and a log without an identity is never a new one.
+pub fn create_database(path: &Path) -> io::Result<Database> {
+    let staged = path.with_extension("redb.new");
+    match std::fs::remove_file(&staged) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let made = (|| {
+        let db = open_database(&staged)?;
+        identity(&db)?;
+        drop(db);
+        std::fs::File::open(&staged)?.sync_all()?;
+        std::fs::rename(&staged, path)?;
+        if let Some(dir) = path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        open_database(path)
+    })();
+    if made.is_err() {
+        let _ = std::fs::remove_file(&staged);
+    }
+    made
+}
+
+/// The member identity of an existing log; a log without one was not made by
+/// [`create_database`] (emptied, or replaced by another file) and is refused as damaged.
+pub fn existing_identity(db: &Database, path: &Path) -> io::Result<Identity> {
+    let txn = db.begin_read().map_err(io::Error::other)?;
+    let identity = match txn.open_table(META) {
+        Ok(meta) => meta
+            .get(META_IDENTITY)
+            .map_err(io::Error::other)?
+            .map(|v| v.value().to_vec()),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(io::Error::other(e)),
+    };
+    match identity {
+        Some(bytes) => decode(&bytes),
+        None => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the Raft log {} holds no member identity; it is damaged: restore the data \
+                 directory from a backup, or move it away to start an empty server",
+                path.display()
+            ),
+        )),
+    }
+}
+
+fn identity(db: &Database) -> io::Result<Identity> {
     let txn = db.begin_write().map_err(io::Error::other)?;
     let identity = {
         let mut meta = txn.open_table(META).map_err(io::Error::other)?;

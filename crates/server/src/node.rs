@@ -286,17 +286,37 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let addr = listener
         .local_addr()
         .map_err(|e| ServerError::Listen(config.listen, e))?;
-    if config.data_dir.exists() && !config.data_dir.is_dir() {
+    if std::fs::symlink_metadata(&config.data_dir).is_ok() && !config.data_dir.is_dir() {
         return Err(ServerError::Data(
             config.data_dir.clone(),
-            std::io::Error::other("it exists and is not a directory"),
+            std::io::Error::other("it exists and is not a directory (or a link to one)"),
         ));
     }
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServerError::Data(config.data_dir.clone(), e))?;
     let data = |e| ServerError::Data(config.data_dir.clone(), e);
-    let db = Arc::new(log_store::open_database(&config.data_dir.join("raft.redb")).map_err(data)?);
-    let identity = log_store::identity(&db).map_err(data)?;
+    let log_path = config.data_dir.join("raft.redb");
+    let (db, identity) = if log_path.exists() {
+        let db = log_store::open_database(&log_path).map_err(data)?;
+        let identity = log_store::existing_identity(&db, &log_path).map_err(data)?;
+        (db, identity)
+    } else {
+        if raft::has_snapshot(&config.data_dir) {
+            // A new log would be a new member, which the snapshot's membership does not list.
+            return Err(data(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "the Raft log {} is missing beside a snapshot: restore the data directory \
+                     from a backup",
+                    log_path.display()
+                ),
+            )));
+        }
+        let db = log_store::create_database(&log_path).map_err(data)?;
+        let identity = log_store::existing_identity(&db, &log_path).map_err(data)?;
+        (db, identity)
+    };
+    let db = Arc::new(db);
     let store_config = StoreConfig {
         history_revisions: config.history_revisions,
         ..StoreConfig::default()

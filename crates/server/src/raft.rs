@@ -127,6 +127,11 @@ fn snapshot_path(data_dir: &Path) -> PathBuf {
     data_dir.join("snapshot")
 }
 
+/// Whether `data_dir` holds a snapshot (whatever its state).
+pub fn has_snapshot(data_dir: &Path) -> bool {
+    std::fs::symlink_metadata(snapshot_path(data_dir)).is_ok()
+}
+
 /// The state a member starts from: its last snapshot.
 pub struct Restored {
     /// The store as of the snapshot.
