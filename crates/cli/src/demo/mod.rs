@@ -177,6 +177,8 @@ pub struct Timeline {
     pub step: String,
     pub rows: Vec<Row>,
     pub leader: Option<baton::LeaderInfo>,
+    /// Why the backend cannot be seen, while the demo's observer says so.
+    pub unavailable: Option<String>,
     pub terms: Vec<Term>,
     pub faults: Vec<Fault>,
     pub writes: Vec<Record>,
@@ -320,6 +322,7 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
             step: "starting".into(),
             rows: Vec::new(),
             leader: None,
+            unavailable: None,
             terms: Vec::new(),
             faults: Vec::new(),
             writes: Vec::new(),
@@ -681,8 +684,13 @@ impl Demo {
                 return Ok(value);
             }
             if Instant::now() >= give_up {
+                // The likeliest cause first, when the demo's own observer has it.
+                let cause = match &self.t.unavailable {
+                    Some(reason) => format!(" (the backend cannot be reached: {reason})"),
+                    None => String::new(),
+                };
                 anyhow::bail!(
-                    "{} ({}): not within {}",
+                    "{} ({}): not within {}{cause}",
                     what,
                     self.t.step,
                     baton::format_duration(limit)
@@ -725,10 +733,15 @@ impl Demo {
                 }
                 let id = row.id.clone();
                 if !expected {
-                    anyhow::bail!(
-                        "{id}'s baton run exited unexpectedly ({status}): {}",
-                        candidate.last_words()
-                    );
+                    // Its last line explains the exit only when it is the error it exited with
+                    // (not when it was killed, say, mid-way through its progress lines).
+                    let words = candidate.last_words();
+                    let why = if words.contains("error:") {
+                        format!(": {words}")
+                    } else {
+                        String::new()
+                    };
+                    anyhow::bail!("{id}'s baton run exited unexpectedly ({status}){why}");
                 }
                 self.t.event(format!("{id}: baton run exited ({status})"));
             }
@@ -746,6 +759,7 @@ impl Demo {
     fn observe(&mut self, observed: baton::Observed, now: Duration) {
         match observed {
             baton::Observed::Leader(leader) => {
+                self.t.unavailable = None;
                 let same = |a: &Option<baton::LeaderInfo>, b: &Option<baton::LeaderInfo>| {
                     a.as_ref().map(|l| l.token) == b.as_ref().map(|l| l.token)
                 };
@@ -774,6 +788,7 @@ impl Demo {
             }
             baton::Observed::Unavailable { reason } => {
                 self.t.event(format!("backend cannot be seen: {reason}"));
+                self.t.unavailable = Some(reason);
             }
         }
     }
