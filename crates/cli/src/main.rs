@@ -203,7 +203,6 @@ fn main() -> ExitCode {
     };
     let subscriber = tracing_subscriber::fmt()
         .with_writer(log::Writer::default)
-        .with_max_level(level)
         .event_format(BatonLines)
         .finish()
         .with(

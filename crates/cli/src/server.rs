@@ -78,9 +78,9 @@ fn check_log(data: &std::path::Path) -> anyhow::Result<()> {
         return Err(UsageError(format!("the Raft log {why}")).into());
     }
     Err(UsageError(format!(
-        "the Raft log {} cannot be opened ({why}); it is damaged: restore the data directory \
-         from a backup, or move it away to start an empty server",
-        path.display()
+        "the Raft log {} cannot be opened ({why}); it is damaged: {}",
+        path.display(),
+        baton_server::log_store::DAMAGED_ADVICE
     ))
     .into())
 }

@@ -25,32 +25,10 @@ impl ServerProcess {
 
     /// [`ServerProcess::start`] with more flags.
     fn start_with(listen: &str, data: &Path, flags: &[&str]) -> ServerProcess {
-        let mut child = baton()
-            .args(["server", "--listen", listen, "--data"])
-            .arg(data)
-            .args(flags)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let ready: serde_json::Value = match serde_json::from_str(&line) {
-            Ok(ready) => ready,
-            Err(_) => {
-                let _ = child.kill();
-                let output = child.wait_with_output().unwrap();
-                panic!(
-                    "baton server did not start: {line:?} {}",
-                    String::from_utf8_lossy(&output.stderr)
-                )
-            }
-        };
+        let (child, addr) = launch(server_command(listen, data, flags));
         ServerProcess {
             child: Some(child),
-            addr: ready["listening"].as_str().unwrap().to_string(),
+            addr,
             data: data.to_path_buf(),
         }
     }
@@ -76,11 +54,50 @@ impl ServerProcess {
         }
     }
 
-    /// Starts again on the same address and data directory.
+    /// Starts again on the same address and data directory (in place: dropping a
+    /// `ServerProcess` removes its data directory).
     fn restart(&mut self) {
         assert!(self.child.is_none());
-        *self = ServerProcess::start(&self.addr, &self.data);
+        let (child, _) = launch(server_command(&self.addr, &self.data, &[]));
+        self.child = Some(child);
     }
+}
+
+/// `baton server --listen LISTEN --data DATA FLAGS…`.
+fn server_command(listen: &str, data: &Path, flags: &[&str]) -> Command {
+    let mut command = baton();
+    command
+        .args(["server", "--listen", listen, "--data"])
+        .arg(data)
+        .args(flags);
+    command
+}
+
+/// Starts a `baton server` command and waits for its ready line; returns the process (stdout
+/// and stderr piped; stdout read up to the ready line) and the address it serves.
+fn launch(mut command: Command) -> (Child, String) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let ready: serde_json::Value = match serde_json::from_str(&line) {
+        Ok(ready) => ready,
+        Err(_) => {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "baton server did not start: {line:?} {}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        }
+    };
+    let addr = ready["listening"].as_str().unwrap().to_string();
+    (child, addr)
 }
 
 impl Drop for ServerProcess {
@@ -654,13 +671,7 @@ fn a_corrupt_or_missing_snapshot_is_refused() {
     // The log emptied, or gone, beside the snapshot: refused, never a new member that cannot
     // lead this data.
     let log = dir.join("raft.redb");
-    let log_pristine = std::fs::read(&log).unwrap();
-    std::fs::write(&log, b"").unwrap();
-    let line = refused(&dir, &[]);
-    assert!(
-        line.contains("is empty") && line.contains("damaged"),
-        "{line}"
-    );
+    let log_pristine = refused_when_emptied(&dir);
     std::fs::remove_file(&log).unwrap();
     let line = refused(&dir, &[]);
     assert!(
@@ -672,6 +683,21 @@ fn a_corrupt_or_missing_snapshot_is_refused() {
     assert_eq!(revision_of(&server), revision);
 }
 
+/// Empties the Raft log in `dir` and requires the server to refuse it as damaged, leaving the
+/// file as it was (empty); returns the log's bytes from before, to put back.
+fn refused_when_emptied(dir: &Path) -> Vec<u8> {
+    let log = dir.join("raft.redb");
+    let pristine = std::fs::read(&log).unwrap();
+    std::fs::write(&log, b"").unwrap();
+    let line = refused(dir, &[]);
+    assert!(
+        line.contains("is empty") && line.contains("damaged"),
+        "{line}"
+    );
+    assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+    pristine
+}
+
 /// A Raft log emptied by accident is refused as damaged: redb would make an empty file into a
 /// new database, and the server would start again from revision 1 (fencing tokens included).
 #[test]
@@ -681,17 +707,9 @@ fn an_emptied_raft_log_is_refused_not_started_anew() {
     put_many(&server, 10);
     let revision = revision_of(&server);
     server.stop();
-    let log = dir.join("raft.redb");
-    let pristine = std::fs::read(&log).unwrap();
-    std::fs::write(&log, b"").unwrap();
-    let line = refused(&dir, &[]);
-    assert!(
-        line.contains("is empty") && line.contains("damaged"),
-        "{line}"
-    );
-    // Refusing left the file as it was (still empty), and the restored log serves again.
-    assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
-    std::fs::write(&log, &pristine).unwrap();
+    // Refused, the file left as it was (still empty); the restored log serves again.
+    let pristine = refused_when_emptied(&dir);
+    std::fs::write(dir.join("raft.redb"), &pristine).unwrap();
     server.restart();
     assert_eq!(revision_of(&server), revision);
 }
@@ -703,12 +721,8 @@ fn an_emptied_raft_log_is_refused_not_started_anew() {
 fn a_first_start_that_cannot_write_its_log_leaves_none() {
     let dir = scratch("server-first-full");
     let data = dir.join("d");
-    let mut command = baton();
-    command
-        .args(["server", "--listen", "127.0.0.1:0", "--data"])
-        .arg(&data)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut command = server_command("127.0.0.1:0", &data, &[]);
+    command.stdout(Stdio::null()).stderr(Stdio::piped());
     limit_file_size(&mut command, 100 << 10);
     let output = command.output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -866,16 +880,9 @@ fn a_truncated_raft_log_is_refused_with_one_line() {
 #[test]
 fn a_failed_log_write_stops_the_server_with_one_line_and_loses_nothing() {
     let dir = scratch("server-full");
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut command = baton();
-    command
-        .args(["server", "--listen", &listen, "--data"])
-        .arg(&*dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut command = server_command("127.0.0.1:0", &dir, &[]);
     limit_file_size(&mut command, 3 << 20);
-    let mut child = command.spawn().unwrap();
+    let (mut child, listen) = launch(command);
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut first = String::new();
     stderr.read_line(&mut first).unwrap();
@@ -925,11 +932,8 @@ fn a_closed_or_full_stdout_does_not_stop_the_server() {
     let dir = scratch("server-stdout");
     for (round, stdout) in ["closed", "full"].into_iter().enumerate() {
         let listen = format!("127.0.0.1:{}", free_port());
-        let mut command = baton();
-        command
-            .args(["server", "--listen", &listen, "--data"])
-            .arg(dir.join(format!("d{round}")))
-            .stderr(Stdio::piped());
+        let mut command = server_command(&listen, &dir.join(format!("d{round}")), &[]);
+        command.stderr(Stdio::piped());
         if stdout == "full" {
             command.stdout(std::fs::File::create("/dev/full").unwrap());
         } else {
@@ -978,8 +982,8 @@ fn limit_file_size(command: &mut Command, bytes: libc::rlim_t) {
     }
 }
 
-/// A port that was free a moment ago (the servers above need a known one: their stdout is
-/// not read).
+/// A port that was free a moment ago (the server above needs a known one: its stdout is not
+/// read).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -442,12 +442,15 @@ pub struct Identity {
 
 const META_IDENTITY: &str = "identity";
 
-/// Reads this data directory's identity, creating it on first use.
+/// What a damaged data directory's error says to do.
+pub const DAMAGED_ADVICE: &str =
+    "restore the data directory from a backup, or move it away to start an empty server";
+
 /// Creates the Raft log of a new data directory at `path`, with a new member identity:
 /// made under a temporary name and renamed into place once durable, so that `path` exists
 /// only holding an identity. A start that fails half-way (a full disk) leaves no log that a
 /// later start would take for a damaged one, and a log without an identity is never a new one.
-pub fn create_database(path: &Path) -> io::Result<Database> {
+pub fn create_database(path: &Path) -> io::Result<(Database, Identity)> {
     let staged = path.with_extension("redb.new");
     match std::fs::remove_file(&staged) {
         Ok(()) => {}
@@ -455,15 +458,13 @@ pub fn create_database(path: &Path) -> io::Result<Database> {
         Err(e) => return Err(e),
     }
     let made = (|| {
-        let db = open_database(&staged)?;
-        identity(&db)?;
-        drop(db);
+        let identity = write_new_identity(&open_database(&staged)?)?;
         std::fs::File::open(&staged)?.sync_all()?;
         std::fs::rename(&staged, path)?;
         if let Some(dir) = path.parent() {
             std::fs::File::open(dir)?.sync_all()?;
         }
-        open_database(path)
+        Ok((open_database(path)?, identity))
     })();
     if made.is_err() {
         let _ = std::fs::remove_file(&staged);
@@ -488,36 +489,25 @@ pub fn existing_identity(db: &Database, path: &Path) -> io::Result<Identity> {
         None => Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "the Raft log {} holds no member identity; it is damaged: restore the data \
-                 directory from a backup, or move it away to start an empty server",
+                "the Raft log {} holds no member identity; it is damaged: {DAMAGED_ADVICE}",
                 path.display()
             ),
         )),
     }
 }
 
-fn identity(db: &Database) -> io::Result<Identity> {
-    let txn = db.begin_write().map_err(io::Error::other)?;
-    let identity = {
-        let mut meta = txn.open_table(META).map_err(io::Error::other)?;
-        let existing = meta
-            .get(META_IDENTITY)
-            .map_err(io::Error::other)?
-            .map(|v| v.value().to_vec());
-        match existing {
-            Some(bytes) => decode(&bytes)?,
-            None => {
-                // Nonzero: etcd clients treat member id 0 as "none".
-                let identity = Identity {
-                    cluster_id: rand::random::<u64>() | 1,
-                    member_id: rand::random::<u64>() | 1,
-                };
-                meta.insert(META_IDENTITY, encode(&identity).as_slice())
-                    .map_err(io::Error::other)?;
-                identity
-            }
-        }
+/// Gives a new log its member identity (random ids; nonzero, since etcd clients treat member
+/// id 0 as "none").
+fn write_new_identity(db: &Database) -> io::Result<Identity> {
+    let identity = Identity {
+        cluster_id: rand::random::<u64>() | 1,
+        member_id: rand::random::<u64>() | 1,
     };
+    let txn = db.begin_write().map_err(io::Error::other)?;
+    txn.open_table(META)
+        .map_err(io::Error::other)?
+        .insert(META_IDENTITY, encode(&identity).as_slice())
+        .map_err(io::Error::other)?;
     txn.commit().map_err(io::Error::other)?;
     Ok(identity)
 }

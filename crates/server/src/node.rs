@@ -312,9 +312,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
                 ),
             )));
         }
-        let db = log_store::create_database(&log_path).map_err(data)?;
-        let identity = log_store::existing_identity(&db, &log_path).map_err(data)?;
-        (db, identity)
+        log_store::create_database(&log_path).map_err(data)?
     };
     let db = Arc::new(db);
     let store_config = StoreConfig {
