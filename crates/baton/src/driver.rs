@@ -54,6 +54,14 @@ pub(crate) trait QueueLease: Send + Sync + Debug + 'static {
 pub(crate) enum Fired<E> {
     /// The entry was deleted; `position` is that of the incarnation deleted.
     Deleted { entry: E, position: Position },
+    /// The entry (the one ahead of ours) was deleted, and the server vouches that at read
+    /// point `at`, with that deletion applied, our own entry exists and is first: the same
+    /// answer as a [`Queue::locate`] at `at` finding nobody ahead, without the read.
+    DeletedFirst {
+        entry: E,
+        position: Position,
+        at: ReadPoint,
+    },
     /// The watch can no longer be trusted (connection lost, history compacted): the driver
     /// finds out afresh where it stands.
     Broken,
@@ -162,6 +170,9 @@ pub(crate) enum Located<E> {
 ///   the one ahead of it in one read, so a deletion of both in one step is never half-seen.
 /// - **Watches miss nothing.** A watch started from a read point fires for the first deletion
 ///   of its entry after that point, even one that happened before the watch was registered.
+/// - **A vouched first is a located answer.** [`Fired::DeletedFirst`] is given only on the
+///   server's word, checked as [`Queue::locate`] checks (our entry with our position, nobody
+///   ahead) at one point of its history that includes the deletion.
 pub(crate) trait Queue: Send + Sync + 'static {
     /// What entries are bound to.
     type Lease: QueueLease;
@@ -242,6 +253,24 @@ pub(crate) trait Queue: Send + Sync + 'static {
         position: Position,
         after: ReadPoint,
     ) -> impl Future<Output = Result<Self::Watch>> + Send;
+
+    /// Watches for the first deletion of `entry` (at `position`), the entry just ahead of our
+    /// own `own` (at `own_position`), after read point `after`. A backend whose server can
+    /// check, with that deletion, that our entry is then first answers
+    /// [`Fired::DeletedFirst`], which spares the candidate its read; by default a plain
+    /// deletion watch.
+    fn watch_predecessor(
+        &self,
+        entrant: &Self::Entrant,
+        own: &Self::Entry,
+        own_position: Position,
+        entry: &Self::Entry,
+        position: Position,
+        after: ReadPoint,
+    ) -> impl Future<Output = Result<Self::Watch>> + Send {
+        let _ = (entrant, own, own_position);
+        self.watch_deletion(entry, position, after)
+    }
 
     /// Deletes our entry if it still has `position` (and our id entry with it); bounded in
     /// time, since resigning must not hang on an unreachable server.
@@ -448,6 +477,7 @@ pub(crate) fn spawn<Q: Queue>(
         predecessor: None,
         own_watch: None,
         predecessor_watch: None,
+        known_first: None,
         status: None,
         term_metrics: None,
         commands,
@@ -479,6 +509,10 @@ struct CandidateDriver<Q: Queue> {
     own_watch: Option<Q::Watch>,
     /// The deletion of the entry we wait behind.
     predecessor_watch: Option<Q::Watch>,
+    /// Our position and the read point at which the server vouched, with our predecessor's
+    /// deletion, that our entry is first ([`Fired::DeletedFirst`]): taken by the next
+    /// find-predecessor in place of a read.
+    known_first: Option<(Position, ReadPoint)>,
     /// The status channel of the current leadership.
     status: Option<watch::Sender<Status>>,
     /// The current leadership's metrics (`baton_is_leader` and time left), ended by dropping.
@@ -500,7 +534,9 @@ struct CandidateDriver<Q: Queue> {
 enum Wake<E> {
     Command(Option<Command>),
     LeaseOver,
-    Deleted(E, Position),
+    /// An entry's deletion; with the read point at which the server found ours first, if it
+    /// checked.
+    Deleted(E, Position, Option<ReadPoint>),
     WatchBroken,
     /// Nobody is waiting for a leadership any more (the campaign future was dropped).
     Abandoned,
@@ -533,7 +569,7 @@ impl<Q: Queue> CandidateDriver<Q> {
             match wake {
                 Wake::Command(command) => self.handle_command(command),
                 Wake::LeaseOver => self.core.handle_lease_expired(),
-                Wake::Deleted(entry, position) => {
+                Wake::Deleted(entry, position, first_at) => {
                     let ours = self.own.as_ref() == Some(&entry);
                     // The watch that fired is spent.
                     if ours {
@@ -547,6 +583,11 @@ impl<Q: Queue> CandidateDriver<Q> {
                             .is_some_and(|(e, p)| *e == entry && *p == position)
                         {
                             self.queue.stats().wakeups.fetch_add(1, Ordering::Relaxed);
+                            // Vouched for by the server: the next find-predecessor of our
+                            // entry is answered from here.
+                            self.known_first = first_at
+                                .zip(self.core.own_position())
+                                .map(|(at, own)| (Position(own), at));
                             self.core.handle_predecessor_deleted(position.0);
                         }
                     }
@@ -639,7 +680,12 @@ impl<Q: Queue> CandidateDriver<Q> {
                 fired = predecessor_fired => fired,
             };
             match fired {
-                Fired::Deleted { entry, position } => Wake::Deleted(entry, position),
+                Fired::Deleted { entry, position } => Wake::Deleted(entry, position, None),
+                Fired::DeletedFirst {
+                    entry,
+                    position,
+                    at,
+                } => Wake::Deleted(entry, position, Some(at)),
                 Fired::Broken => Wake::WatchBroken,
             }
         };
@@ -693,6 +739,7 @@ impl<Q: Queue> CandidateDriver<Q> {
     fn drop_watches(&mut self) {
         self.own_watch = None;
         self.predecessor_watch = None;
+        self.known_first = None;
     }
 
     async fn perform(&mut self, action: CandidateAction) {
@@ -911,9 +958,16 @@ impl<Q: Queue> CandidateDriver<Q> {
         let Some(own) = self.own.clone() else {
             return Ok(None);
         };
-        let (ahead, at) = match self.queue.locate(&self.entrant, &own, position).await? {
-            Located::Gone => return Ok(None),
-            Located::Exists { ahead, at } => (ahead, at),
+        let vouched = self
+            .known_first
+            .take()
+            .filter(|(own_position, _)| *own_position == position);
+        let (ahead, at) = match vouched {
+            Some((_, at)) => (None, at),
+            None => match self.queue.locate(&self.entrant, &own, position).await? {
+                Located::Gone => return Ok(None),
+                Located::Exists { ahead, at } => (ahead, at),
+            },
         };
         if let Some((entry, ahead_position)) = &ahead {
             if self.own_watch.is_none() {
@@ -924,7 +978,7 @@ impl<Q: Queue> CandidateDriver<Q> {
             // Replacing the previous predecessor's watch cancels it.
             let watch = self
                 .queue
-                .watch_deletion(entry, *ahead_position, at)
+                .watch_predecessor(&self.entrant, &own, position, entry, *ahead_position, at)
                 .await?;
             self.predecessor_watch = Some(watch);
         } else {

@@ -388,3 +388,43 @@ async fn observing_during_an_outage_starts_unavailable() {
     };
     assert_eq!(seen.token, leadership.token());
 }
+
+/// etcd knows nothing of baton's queue check: it serves a watch that asks for it as a plain
+/// deletion watch (the field is skipped, never an error), and the waiter reads before leading.
+#[tokio::test]
+async fn etcd_ignores_the_queue_check_and_the_successor_reads() {
+    use etcd_support::{checked_watch, next_events, raw_watch};
+    let mut client = etcd_client::Client::connect([etcd()], None).await.unwrap();
+    let prefix = format!("/queue-check-{}/", std::process::id());
+    let own = format!("{prefix}b");
+    client.put(format!("{prefix}a"), "", None).await.unwrap();
+    let put = client.put(own.clone(), "", None).await.unwrap();
+    let created = put.header().unwrap().revision();
+    let (_watches, mut responses) = raw_watch(
+        &etcd(),
+        checked_watch(
+            7,
+            &format!("{prefix}a"),
+            created + 1,
+            &own,
+            created,
+            &prefix,
+        ),
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    client.delete(format!("{prefix}a"), None).await.unwrap();
+    let response = next_events(&mut responses, 7).await;
+    assert_eq!(response.events.len(), 1);
+    assert_eq!(response.baton_first_at, 0);
+    client
+        .delete(
+            prefix,
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+
+    let requests = etcd_support::requests_from_resign_to_successor(&url()).await;
+    assert_eq!(requests, 1, "the find-predecessor read");
+}

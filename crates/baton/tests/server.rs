@@ -148,3 +148,95 @@ async fn a_read_only_txn_sees_the_write_acknowledged_before_it() {
         );
     }
 }
+
+/// A waiter leads on its predecessor's deletion event alone: baton server's queue check says,
+/// with the event, that its entry is first, so it makes no read (etcd: one, see etcd.rs).
+#[tokio::test]
+async fn the_successor_leads_without_a_read() {
+    let requests = etcd_support::requests_from_resign_to_successor(&url()).await;
+    assert_eq!(
+        requests, 0,
+        "requests from the resign to the successor's lead"
+    );
+}
+
+/// The queue check on a deletion watch: `baton_first_at` is the revision at which the own
+/// entry is first, and 0 whenever it is not: another entry still ahead, the own entry gone in
+/// the same revision, a different incarnation of it. A deletion already in the history gets
+/// the check at the current revision.
+#[tokio::test]
+async fn a_queue_checked_watch_says_when_the_own_entry_is_first() {
+    use etcd_support::{checked_watch, next_events, raw_watch};
+    let (server, mut client) = own_server().await;
+    let endpoint = server.endpoint();
+    let revision = |r: Option<&etcd_client::ResponseHeader>| r.unwrap().revision();
+    client.put("/q/a", "", None).await.unwrap();
+    let b = revision(client.put("/q/b", "", None).await.unwrap().header());
+    let c = revision(client.put("/q/c", "", None).await.unwrap().header());
+    // c waits behind b, but a is still ahead of both.
+    let (watches, mut responses) =
+        raw_watch(&endpoint, checked_watch(1, "/q/b", c + 1, "/q/c", c, "/q/")).await;
+    // A check for an incarnation of c that is not the live one never holds.
+    watches
+        .send(checked_watch(2, "/q/a", c + 1, "/q/c", c + 100, "/q/"))
+        .await
+        .unwrap();
+    // b's own check, behind a.
+    watches
+        .send(checked_watch(3, "/q/a", c + 1, "/q/b", b, "/q/"))
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    client.delete("/q/b", None).await.unwrap();
+    let response = next_events(&mut responses, 1).await;
+    assert_eq!(response.baton_first_at, 0, "a is still ahead of c");
+    let deleted_a = revision(client.delete("/q/a", None).await.unwrap().header());
+    let seen = first_at_of_two(&mut responses).await;
+    assert_eq!(seen[&2], 0, "another incarnation of the own entry");
+    assert_eq!(seen[&3], 0, "b was deleted before a");
+    // c is first now: a watch that replays a's deletion from the history says so, at the
+    // current revision.
+    watches
+        .send(checked_watch(4, "/q/a", deleted_a, "/q/c", c, "/q/"))
+        .await
+        .unwrap();
+    let response = next_events(&mut responses, 4).await;
+    assert_eq!(response.baton_first_at, deleted_a);
+
+    // The own entry deleted in the same revision as the one ahead: not first.
+    client.put("/x/a", "", None).await.unwrap();
+    let y = revision(client.put("/x/b", "", None).await.unwrap().header());
+    let z = revision(client.put("/x/c", "", None).await.unwrap().header());
+    watches
+        .send(checked_watch(5, "/x/a", z + 1, "/x/b", y, "/x/"))
+        .await
+        .unwrap();
+    watches
+        .send(checked_watch(6, "/x/a", z + 1, "/x/c", z, "/x/"))
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let both = etcd_client::Txn::new().and_then([
+        etcd_client::TxnOp::delete("/x/a", None),
+        etcd_client::TxnOp::delete("/x/b", None),
+    ]);
+    let deleted = revision(client.txn(both).await.unwrap().header());
+    let seen = first_at_of_two(&mut responses).await;
+    assert_eq!(seen[&5], 0, "its own entry went in the same revision");
+    assert_eq!(
+        seen[&6], deleted,
+        "c is first once a and b are gone together"
+    );
+}
+
+/// `baton_first_at` of the next two watches' event responses, by watch id.
+async fn first_at_of_two(
+    responses: &mut tonic::Streaming<baton_etcd_proto::etcdserverpb::WatchResponse>,
+) -> std::collections::HashMap<i64, i64> {
+    let mut seen = std::collections::HashMap::new();
+    while seen.len() < 2 {
+        let response = etcd_support::next_events(responses, 0).await;
+        seen.insert(response.watch_id, response.baton_first_at);
+    }
+    seen
+}

@@ -383,7 +383,7 @@ fn apply_command(
     }
     if !applied.events.is_empty() {
         let header = core.header(applied.revision);
-        core.watches.dispatch(&header, &applied.events);
+        core.watches.dispatch(&header, &applied.events, &core.store);
     }
     applied.result
 }

@@ -516,13 +516,19 @@ fn handle_watch_request(
                 progress_notify: create.progress_notify,
                 sent_since_progress: false,
                 sink: sink.clone(),
+                queue_check: create.baton_queue_check.clone(),
             };
             if start_revision <= current {
                 match core
                     .store
                     .events_since(&create.key, &create.range_end, start_revision)
                 {
-                    Ok(events) => send_history(sink, &header, watch_id, &watcher.select(&events)),
+                    Ok(events) => {
+                        let events = watcher.select(&events);
+                        // The store is at the header's revision: the queue check holds there.
+                        let first_at = watcher.first_at(&core.store, &events);
+                        send_history(sink, &header, watch_id, &events, first_at);
+                    }
                     Err(StoreError::Compacted { compact_revision }) => {
                         sink.send(WatchResponse {
                             header: Some(header),
@@ -574,6 +580,7 @@ fn send_history(
     header: &ResponseHeader,
     watch_id: i64,
     events: &[crate::proto::mvccpb::Event],
+    first_at: i64,
 ) {
     const HISTORY_BATCH: usize = 1_000;
     let revision_of =
@@ -595,6 +602,8 @@ fn send_history(
         sink.send(WatchResponse {
             header: Some(*header),
             watch_id,
+            // On the last response only: the client acts on it once it has every event.
+            baton_first_at: if end == events.len() { first_at } else { 0 },
             events: events[start..end].to_vec(),
             ..WatchResponse::default()
         });

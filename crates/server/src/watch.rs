@@ -15,9 +15,9 @@ use std::sync::Arc;
 use prost::Message as _;
 use tokio::sync::mpsc;
 
-use crate::proto::etcdserverpb::{ResponseHeader, WatchResponse};
+use crate::proto::etcdserverpb::{QueueCheck, ResponseHeader, WatchResponse};
 use crate::proto::mvccpb::{event::EventType, Event};
-use crate::store::in_range;
+use crate::store::{in_range, Store};
 
 /// Responses a stream may have waiting before its watchers are cancelled as too slow.
 pub const MAX_QUEUED: usize = 10_000;
@@ -113,6 +113,8 @@ pub struct Watcher {
     pub sent_since_progress: bool,
     /// Where its responses go.
     pub sink: StreamSink,
+    /// baton's extension: on a deletion, tell the client whether its own entry is now first.
+    pub queue_check: Option<QueueCheck>,
 }
 
 impl Watcher {
@@ -141,6 +143,30 @@ impl Watcher {
                 event
             })
             .collect()
+    }
+
+    /// The revision to put in `baton_first_at` of a response carrying `events`: the store's,
+    /// when the watcher asked for the queue check, one of the events is a deletion, and the
+    /// check holds in `store` (which has applied everything up to the response's revision).
+    pub fn first_at(&self, store: &Store, events: &[Event]) -> i64 {
+        let Some(check) = &self.queue_check else {
+            return 0;
+        };
+        let deleted = events
+            .iter()
+            .any(|event| event.r#type == EventType::Delete as i32);
+        if deleted
+            && store.first_in_queue(
+                &check.own_key,
+                check.own_create_revision,
+                &check.scope_key,
+                &check.scope_range_end,
+            )
+        {
+            store.revision()
+        } else {
+            0
+        }
     }
 
     fn exact_key(&self) -> Option<&[u8]> {
@@ -236,8 +262,9 @@ impl WatchHub {
         idle
     }
 
-    /// Tells every interested watcher about the events of one revision.
-    pub fn dispatch(&mut self, header: &ResponseHeader, events: &[Event]) {
+    /// Tells every interested watcher about the events of one revision; `store` has just
+    /// applied them (for the queue check).
+    pub fn dispatch(&mut self, header: &ResponseHeader, events: &[Event], store: &Store) {
         // Range watchers, then single-key watchers of the keys these events touch; a watcher
         // appears once (a single-key watcher is never a range watcher).
         let mut interested: Vec<WatcherId> = self.ranged.iter().copied().collect();
@@ -274,6 +301,7 @@ impl WatchHub {
             let response = WatchResponse {
                 header: Some(*header),
                 watch_id: id.watch,
+                baton_first_at: watcher.first_at(store, &selected),
                 events: selected,
                 ..WatchResponse::default()
             };

@@ -692,6 +692,25 @@ impl WatchOptions {
         self
     }
 
+    /// baton server's queue check (etcd ignores it): with the watched key's deletion, the
+    /// server says whether `own_key`, created at `own_create_revision`, is then the oldest key
+    /// under `scope` (see [`WatchResponse::first_at`]).
+    pub(crate) fn with_queue_check(
+        mut self,
+        own_key: Vec<u8>,
+        own_create_revision: i64,
+        scope: Vec<u8>,
+    ) -> WatchOptions {
+        let scope_range_end = prefix_end(&scope);
+        self.request.baton_queue_check = Some(pb::QueueCheck {
+            own_key,
+            own_create_revision,
+            scope_key: scope,
+            scope_range_end,
+        });
+        self
+    }
+
     fn request(self, key: Vec<u8>) -> pb::WatchRequest {
         let (key, range_end) = key_range(key, self.prefix);
         let create = pb::WatchCreateRequest {
@@ -822,6 +841,7 @@ pub(crate) struct WatchResponse {
     watch_id: i64,
     canceled: bool,
     events: Vec<Event>,
+    first_at: i64,
 }
 
 impl WatchResponse {
@@ -837,6 +857,13 @@ impl WatchResponse {
     pub(crate) fn events(&self) -> &[Event] {
         &self.events
     }
+
+    /// The revision at which baton server found the watch's queue check to hold (after the
+    /// deletion in this response, the client's own entry is first); `None` from etcd, which
+    /// knows no such check, and whenever it did not hold.
+    pub(crate) fn first_at(&self) -> Option<i64> {
+        (self.first_at > 0).then_some(self.first_at)
+    }
 }
 
 impl From<pb::WatchResponse> for WatchResponse {
@@ -845,6 +872,7 @@ impl From<pb::WatchResponse> for WatchResponse {
             watch_id: response.watch_id,
             canceled: response.canceled,
             events: response.events.into_iter().map(Event::from).collect(),
+            first_at: response.baton_first_at,
         }
     }
 }

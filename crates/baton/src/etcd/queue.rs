@@ -8,7 +8,7 @@ use super::client::{
 use baton_core::ElectionConfig;
 
 use super::fence::EtcdFencer;
-use super::watch_hub::DeletionWatch;
+use super::watch_hub::{DeletionWatch, QueueCheck};
 use super::{request, request_within, EtcdBackend, EtcdLease, DELETE_TIMEOUT};
 use crate::driver::{
     EntryWatch, Fired, Located, Position, Queue, QueueLease, ReadPoint, TokenMemory,
@@ -214,6 +214,27 @@ impl Queue for EtcdBackend {
     ) -> Result<DeletionWatch> {
         let start = i64::try_from(after.0).unwrap_or(i64::MAX - 1) + 1;
         self.hub.watch(entry.clone(), start).await
+    }
+
+    async fn watch_predecessor(
+        &self,
+        entrant: &EtcdEntrant,
+        own: &Vec<u8>,
+        own_position: Position,
+        entry: &Vec<u8>,
+        _position: Position,
+        after: ReadPoint,
+    ) -> Result<DeletionWatch> {
+        let start = i64::try_from(after.0).unwrap_or(i64::MAX - 1) + 1;
+        // baton server checks, with the deletion, whether ours is then first (the same check
+        // as `locate`'s: our key with our create revision, nobody created before it in the
+        // election); etcd ignores the check and the candidate reads as before.
+        let check = QueueCheck {
+            own_key: own.clone(),
+            own_create_revision: revision(own_position),
+            scope: entrant.scope.clone().into_bytes(),
+        };
+        self.hub.watch_checked(entry.clone(), start, check).await
     }
 
     async fn delete(&self, entrant: &EtcdEntrant, entry: &Vec<u8>, own: Position) -> Result<()> {

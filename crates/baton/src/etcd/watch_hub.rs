@@ -24,11 +24,22 @@ const QUEUE: usize = 1024;
 /// Why a deletion watch fired: the entry is the key.
 pub(crate) type Fired = crate::driver::Fired<Vec<u8>>;
 
+/// baton server's queue check on a predecessor's deletion watch (see
+/// [`WatchOptions::with_queue_check`]).
+#[derive(Debug, Clone)]
+pub(crate) struct QueueCheck {
+    pub(crate) own_key: Vec<u8>,
+    pub(crate) own_create_revision: i64,
+    /// The election's candidates prefix.
+    pub(crate) scope: Vec<u8>,
+}
+
 enum Request {
     Watch {
         id: i64,
         key: Vec<u8>,
         start_revision: i64,
+        check: Option<QueueCheck>,
         fired: oneshot::Sender<Fired>,
     },
     Cancel {
@@ -83,12 +94,33 @@ impl WatchHub {
 
     /// Watches for the first deletion of `key` at or after `start_revision`.
     pub(crate) async fn watch(&self, key: Vec<u8>, start_revision: i64) -> Result<DeletionWatch> {
+        self.register(key, start_revision, None).await
+    }
+
+    /// The same, asking baton server to check with the deletion whether our own entry is then
+    /// first: if it says so, the watch fires [`Fired::DeletedFirst`].
+    pub(crate) async fn watch_checked(
+        &self,
+        key: Vec<u8>,
+        start_revision: i64,
+        check: QueueCheck,
+    ) -> Result<DeletionWatch> {
+        self.register(key, start_revision, Some(check)).await
+    }
+
+    async fn register(
+        &self,
+        key: Vec<u8>,
+        start_revision: i64,
+        check: Option<QueueCheck>,
+    ) -> Result<DeletionWatch> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (fired, receiver) = oneshot::channel();
         let request = Request::Watch {
             id,
             key,
             start_revision,
+            check,
             fired,
         };
         self.requests
@@ -141,7 +173,8 @@ struct Hub {
     client: Client,
     stats: Arc<Stats>,
     stream: Option<(WatchRequestSender, WatchResponseStream)>,
-    watches: HashMap<i64, oneshot::Sender<Fired>>,
+    /// Each watch's channel, and whether it asked for the queue check.
+    watches: HashMap<i64, (oneshot::Sender<Fired>, bool)>,
 }
 
 impl Hub {
@@ -151,19 +184,28 @@ impl Hub {
                 id,
                 key,
                 start_revision,
+                check,
                 fired,
             } => {
                 if fired.is_closed() {
                     return;
                 }
-                let options = WatchOptions::new()
+                let mut options = WatchOptions::new()
                     .with_watch_id(id)
                     .with_filters([WatchFilterType::NoPut])
                     .with_prev_key()
                     .with_start_revision(start_revision);
+                let checked = check.is_some();
+                if let Some(check) = check {
+                    options = options.with_queue_check(
+                        check.own_key,
+                        check.own_create_revision,
+                        check.scope,
+                    );
+                }
                 self.stats.request();
                 if self.create(key, options).await {
-                    self.watches.insert(id, fired);
+                    self.watches.insert(id, (fired, checked));
                 } else {
                     let _ = fired.send(Fired::Broken);
                 }
@@ -209,7 +251,7 @@ impl Hub {
         let id = response.watch_id();
         if response.canceled() {
             // The server gave up on this watch (say, its start revision was compacted).
-            if let Some(fired) = self.watches.remove(&id) {
+            if let Some((fired, _)) = self.watches.remove(&id) {
                 let _ = fired.send(Fired::Broken);
             }
             return;
@@ -219,13 +261,21 @@ impl Hub {
             if event.event_type() != EventType::Delete {
                 continue;
             }
-            let Some(fired) = self.watches.remove(&id) else {
+            let Some((fired, checked)) = self.watches.remove(&id) else {
                 return;
             };
             let outcome = match (event.kv(), event.prev_kv()) {
-                (Some(kv), Some(prev)) => Fired::Deleted {
-                    entry: kv.key().to_vec(),
-                    position: super::queue::position(prev.create_revision()),
+                // Only a watch that asked for the check takes the server's word for it.
+                (Some(kv), Some(prev)) => match response.first_at().filter(|_| checked) {
+                    Some(at) => Fired::DeletedFirst {
+                        entry: kv.key().to_vec(),
+                        position: super::queue::position(prev.create_revision()),
+                        at: crate::driver::ReadPoint(u64::try_from(at).unwrap_or(0)),
+                    },
+                    None => Fired::Deleted {
+                        entry: kv.key().to_vec(),
+                        position: super::queue::position(prev.create_revision()),
+                    },
                 },
                 // Without the previous value we cannot tell which incarnation went.
                 _ => Fired::Broken,
@@ -239,7 +289,7 @@ impl Hub {
     /// The stream is gone: every watch on it is broken.
     fn break_all(&mut self) {
         self.stream = None;
-        for (_, fired) in self.watches.drain() {
+        for (_, (fired, _)) in self.watches.drain() {
             let _ = fired.send(Fired::Broken);
         }
     }

@@ -55,6 +55,25 @@ impl Store {
         Ok(self.range_at(request, at))
     }
 
+    /// Whether, in the current state, `own_key` exists with `own_create_revision` and no key in
+    /// [scope_key, scope_range_end) was created before it: the client's entry is first in its
+    /// queue (baton's `QueueCheck` watch extension). Once true it stays true until the entry
+    /// itself goes, since every later key is created at a later revision.
+    pub fn first_in_queue(
+        &self,
+        own_key: &[u8],
+        own_create_revision: i64,
+        scope_key: &[u8],
+        scope_range_end: &[u8],
+    ) -> bool {
+        let own = self.kvs.get(own_key);
+        own_create_revision > 0
+            && own.is_some_and(|kv| kv.create_revision == own_create_revision)
+            && !self
+                .live(scope_key, scope_range_end)
+                .any(|kv| kv.create_revision < own_create_revision)
+    }
+
     /// Resolves a requested revision against the revision `current` (inside a txn, the one
     /// before it). etcd's `rangeKeys` rules.
     pub(super) fn read_revision(&self, requested: i64, current: i64) -> Result<ReadAt, StoreError> {

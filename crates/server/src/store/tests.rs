@@ -1289,3 +1289,30 @@ fn a_hundred_thousand_leases_and_keys() {
     assert!(store.leases().is_empty());
     assert!(store.history.len() <= 20_000);
 }
+
+#[test]
+fn first_in_queue_checks_the_own_entry_and_everything_created_before_it() {
+    let mut store = store();
+    apply_put(&mut store, put("/other", "")); // revision 2, outside the scope
+    apply_put(&mut store, put("/q/b", "")); // 3
+    apply_put(&mut store, put("/q/a", "")); // 4: a name before b, created after it
+    apply_put(&mut store, put("/q/c", "")); // 5
+    let first = |store: &Store, own: &str, created: i64| {
+        store.first_in_queue(own.as_bytes(), created, b"/q/", b"/q0")
+    };
+    assert!(
+        first(&store, "/q/b", 3),
+        "oldest in the scope; /other does not count"
+    );
+    assert!(!first(&store, "/q/a", 4), "b was created before it");
+    assert!(!first(&store, "/q/b", 4), "another incarnation of b");
+    assert!(!first(&store, "/q/missing", 1));
+    assert!(!first(&store, "/q/b", 0));
+    ok(store.apply(&Command::DeleteRange(delete("/q/b", ""))));
+    assert!(first(&store, "/q/a", 4));
+    assert!(!first(&store, "/q/c", 5), "a is still ahead");
+    ok(store.apply(&Command::DeleteRange(delete("/q/a", "/q/b"))));
+    assert!(first(&store, "/q/c", 5));
+    ok(store.apply(&Command::DeleteRange(delete("/q/c", ""))));
+    assert!(!first(&store, "/q/c", 5), "gone itself");
+}
