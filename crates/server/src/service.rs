@@ -526,7 +526,8 @@ fn handle_watch_request(
                     Ok(events) => {
                         let events = watcher.select(&events);
                         // The store is at the header's revision: the queue check holds there.
-                        let first_at = watcher.first_at(&core.store, &events);
+                        let first_at =
+                            watcher.first_at(&core.store, &events, &mut Default::default());
                         send_history(sink, &header, watch_id, &events, first_at);
                     }
                     Err(StoreError::Compacted { compact_revision }) => {

@@ -148,21 +148,23 @@ impl Watcher {
     /// The revision to put in `baton_first_at` of a response carrying `events`: the store's,
     /// when the watcher asked for the queue check, one of the events is a deletion, and the
     /// check holds in `store` (which has applied everything up to the response's revision).
-    pub fn first_at(&self, store: &Store, events: &[Event]) -> i64 {
+    /// `oldest` remembers each scope's oldest create revision for the other watchers told of
+    /// the same revision (a `del --prefix` of a queue costs one scan, not one per waiter).
+    pub fn first_at(&self, store: &Store, events: &[Event], oldest: &mut ScopeOldest) -> i64 {
         let Some(check) = &self.queue_check else {
             return 0;
         };
         let deleted = events
             .iter()
             .any(|event| event.r#type == EventType::Delete as i32);
-        if deleted
-            && store.first_in_queue(
-                &check.own_key,
-                check.own_create_revision,
-                &check.scope_key,
-                &check.scope_range_end,
-            )
-        {
+        if !deleted {
+            return 0;
+        }
+        let scope = (check.scope_key.clone(), check.scope_range_end.clone());
+        let oldest = *oldest
+            .entry(scope)
+            .or_insert_with(|| store.oldest_in(&check.scope_key, &check.scope_range_end));
+        if store.is_first(&check.own_key, check.own_create_revision, oldest) {
             store.revision()
         } else {
             0
@@ -173,6 +175,9 @@ impl Watcher {
         self.range_end.is_empty().then_some(self.key.as_slice())
     }
 }
+
+/// Each queue scope's oldest create revision at one revision: see [`Watcher::first_at`].
+pub type ScopeOldest = HashMap<(Vec<u8>, Vec<u8>), Option<i64>>;
 
 /// Every watcher of the server, indexed by key for single-key watches.
 #[derive(Default)]
@@ -280,6 +285,7 @@ impl WatchHub {
             }
         }
         let mut gone = Vec::new();
+        let mut oldest = ScopeOldest::new();
         for id in interested {
             let Some(watcher) = self.watchers.get_mut(&id) else {
                 continue;
@@ -301,7 +307,7 @@ impl WatchHub {
             let response = WatchResponse {
                 header: Some(*header),
                 watch_id: id.watch,
-                baton_first_at: watcher.first_at(store, &selected),
+                baton_first_at: watcher.first_at(store, &selected, &mut oldest),
                 events: selected,
                 ..WatchResponse::default()
             };

@@ -66,12 +66,27 @@ impl Store {
         scope_key: &[u8],
         scope_range_end: &[u8],
     ) -> bool {
-        let own = self.kvs.get(own_key);
+        self.is_first(
+            own_key,
+            own_create_revision,
+            self.oldest_in(scope_key, scope_range_end),
+        )
+    }
+
+    /// [`Store::first_in_queue`] with the scope's oldest create revision already known (one
+    /// scan of a scope serves every queue check on it).
+    pub fn is_first(&self, own_key: &[u8], own_create_revision: i64, oldest: Option<i64>) -> bool {
         own_create_revision > 0
-            && own.is_some_and(|kv| kv.create_revision == own_create_revision)
-            && !self
-                .live(scope_key, scope_range_end)
-                .any(|kv| kv.create_revision < own_create_revision)
+            && self
+                .kvs
+                .get(own_key)
+                .is_some_and(|kv| kv.create_revision == own_create_revision)
+            && oldest.is_none_or(|oldest| oldest >= own_create_revision)
+    }
+
+    /// The lowest create revision among the live keys of [key, range_end), if any.
+    pub fn oldest_in(&self, key: &[u8], range_end: &[u8]) -> Option<i64> {
+        self.live(key, range_end).map(|kv| kv.create_revision).min()
     }
 
     /// Resolves a requested revision against the revision `current` (inside a txn, the one
