@@ -26,6 +26,7 @@ fn child_gets_its_environment_and_its_exit_code_propagates() {
     let dir = scratch("env");
     let election = unique("env");
     let out = dir.join("env");
+    let fds = dir.join("fds");
     let status = baton()
         .args([
             "run",
@@ -39,7 +40,15 @@ fn child_gets_its_environment_and_its_exit_code_propagates() {
             "2s",
         ])
         .arg("--")
-        .args(["sh", "-c", &format!("env > {}; exit 42", out.display())])
+        .args([
+            "sh",
+            "-c",
+            &format!(
+                "env > {}; ls -l /proc/$$/fd > {}; exit 42",
+                out.display(),
+                fds.display()
+            ),
+        ])
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(42));
@@ -57,6 +66,27 @@ fn child_gets_its_environment_and_its_exit_code_propagates() {
         .unwrap();
     assert!(token > 0);
     assert!(!env.contains("BATON_SUPERVISOR_PID"));
+    // Nothing of baton's pipes and sockets (control, status, the launcher's) reaches CMD:
+    // every pipe it holds is one this test process holds too (stderr, or what the test
+    // harness passed down), and it holds no socket.
+    let ours: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .map(|target| target.display().to_string())
+        .collect();
+    let listing = std::fs::read_to_string(&fds).unwrap();
+    for target in listing
+        .lines()
+        .filter_map(|l| l.split_once(" -> ").map(|(_, t)| t))
+    {
+        assert!(!target.starts_with("socket:"), "{listing}");
+        if target.starts_with("pipe:") {
+            assert!(
+                ours.iter().any(|o| o == target),
+                "not ours: {target}\n{listing}"
+            );
+        }
+    }
     // It resigned on the way out.
     let leader = baton()
         .args(["leader", "--backend", &url(), "--election", &election])
