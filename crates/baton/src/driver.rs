@@ -56,7 +56,9 @@ pub(crate) enum Fired<E> {
     Deleted { entry: E, position: Position },
     /// The entry (the one ahead of ours) was deleted, and the server vouches that at read
     /// point `at`, with that deletion applied, our own entry exists and is first: the same
-    /// answer as a [`Queue::locate`] at `at` finding nobody ahead, without the read.
+    /// answer as a [`Queue::locate`] at `at` finding nobody ahead, without the read. Only the
+    /// etcd backend's watches give it (when the server is baton's own).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     DeletedFirst {
         entry: E,
         position: Position,
