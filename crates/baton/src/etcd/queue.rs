@@ -35,6 +35,11 @@ fn read_point(header: Option<&super::client::ResponseHeader>) -> ReadPoint {
     ReadPoint(header.map_or(0, |h| u64::try_from(h.revision()).unwrap_or(0)))
 }
 
+/// The first revision a watch started after read point `after` must see.
+fn start_after(after: ReadPoint) -> i64 {
+    i64::try_from(after.0).unwrap_or(i64::MAX - 1) + 1
+}
+
 /// One candidacy as etcd sees it: where its entries live and what they hold.
 pub(crate) struct EtcdEntrant {
     election: String,
@@ -212,8 +217,9 @@ impl Queue for EtcdBackend {
         _position: Position,
         after: ReadPoint,
     ) -> Result<DeletionWatch> {
-        let start = i64::try_from(after.0).unwrap_or(i64::MAX - 1) + 1;
-        self.hub.watch(entry.clone(), start).await
+        self.hub
+            .watch(entry.clone(), start_after(after), None)
+            .await
     }
 
     async fn watch_predecessor(
@@ -225,7 +231,6 @@ impl Queue for EtcdBackend {
         _position: Position,
         after: ReadPoint,
     ) -> Result<DeletionWatch> {
-        let start = i64::try_from(after.0).unwrap_or(i64::MAX - 1) + 1;
         // baton server checks, with the deletion, whether ours is then first (the same check
         // as `locate`'s: our key with our create revision, nobody created before it in the
         // election); etcd ignores the check and the candidate reads as before.
@@ -234,7 +239,9 @@ impl Queue for EtcdBackend {
             own_create_revision: revision(own_position),
             scope: entrant.scope.clone().into_bytes(),
         };
-        self.hub.watch_checked(entry.clone(), start, check).await
+        self.hub
+            .watch(entry.clone(), start_after(after), Some(check))
+            .await
     }
 
     async fn delete(&self, entrant: &EtcdEntrant, entry: &Vec<u8>, own: Position) -> Result<()> {

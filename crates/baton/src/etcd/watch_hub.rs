@@ -92,23 +92,10 @@ impl WatchHub {
         }
     }
 
-    /// Watches for the first deletion of `key` at or after `start_revision`.
-    pub(crate) async fn watch(&self, key: Vec<u8>, start_revision: i64) -> Result<DeletionWatch> {
-        self.register(key, start_revision, None).await
-    }
-
-    /// The same, asking baton server to check with the deletion whether our own entry is then
-    /// first: if it says so, the watch fires [`Fired::DeletedFirst`].
-    pub(crate) async fn watch_checked(
-        &self,
-        key: Vec<u8>,
-        start_revision: i64,
-        check: QueueCheck,
-    ) -> Result<DeletionWatch> {
-        self.register(key, start_revision, Some(check)).await
-    }
-
-    async fn register(
+    /// Watches for the first deletion of `key` at or after `start_revision`. With a `check`,
+    /// baton server says with the deletion whether our own entry is then first; if it does,
+    /// the watch fires [`Fired::DeletedFirst`].
+    pub(crate) async fn watch(
         &self,
         key: Vec<u8>,
         start_revision: i64,
@@ -266,17 +253,18 @@ impl Hub {
             };
             let outcome = match (event.kv(), event.prev_kv()) {
                 // Only a watch that asked for the check takes the server's word for it.
-                (Some(kv), Some(prev)) => match response.first_at().filter(|_| checked) {
-                    Some(at) => Fired::DeletedFirst {
-                        entry: kv.key().to_vec(),
-                        position: super::queue::position(prev.create_revision()),
-                        at: crate::driver::ReadPoint(u64::try_from(at).unwrap_or(0)),
-                    },
-                    None => Fired::Deleted {
-                        entry: kv.key().to_vec(),
-                        position: super::queue::position(prev.create_revision()),
-                    },
-                },
+                (Some(kv), Some(prev)) => {
+                    let entry = kv.key().to_vec();
+                    let position = super::queue::position(prev.create_revision());
+                    match response.first_at().filter(|_| checked) {
+                        Some(at) => Fired::DeletedFirst {
+                            entry,
+                            position,
+                            at: crate::driver::ReadPoint(u64::try_from(at).unwrap_or(0)),
+                        },
+                        None => Fired::Deleted { entry, position },
+                    }
+                }
                 // Without the previous value we cannot tell which incarnation went.
                 _ => Fired::Broken,
             };

@@ -55,26 +55,11 @@ impl Store {
         Ok(self.range_at(request, at))
     }
 
-    /// Whether, in the current state, `own_key` exists with `own_create_revision` and no key in
-    /// [scope_key, scope_range_end) was created before it: the client's entry is first in its
-    /// queue (baton's `QueueCheck` watch extension). Once true it stays true until the entry
-    /// itself goes, since every later key is created at a later revision.
-    pub fn first_in_queue(
-        &self,
-        own_key: &[u8],
-        own_create_revision: i64,
-        scope_key: &[u8],
-        scope_range_end: &[u8],
-    ) -> bool {
-        self.is_first(
-            own_key,
-            own_create_revision,
-            self.oldest_in(scope_key, scope_range_end),
-        )
-    }
-
-    /// [`Store::first_in_queue`] with the scope's oldest create revision already known (one
-    /// scan of a scope serves every queue check on it).
+    /// Whether, in the current state, `own_key` exists with `own_create_revision` and nothing
+    /// live in its queue was created before it, given `oldest`, the queue's
+    /// [`Store::oldest_in`] (one scan of a scope serves every queue check on it): the client's
+    /// entry is first (baton's `QueueCheck` watch extension). Once true it stays true until the
+    /// entry itself goes, since every later key is created at a later revision.
     pub fn is_first(&self, own_key: &[u8], own_create_revision: i64, oldest: Option<i64>) -> bool {
         own_create_revision > 0
             && self

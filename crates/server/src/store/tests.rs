@@ -1298,7 +1298,7 @@ fn first_in_queue_checks_the_own_entry_and_everything_created_before_it() {
     apply_put(&mut store, put("/q/a", "")); // 4: a name before b, created after it
     apply_put(&mut store, put("/q/c", "")); // 5
     let first = |store: &Store, own: &str, created: i64| {
-        store.first_in_queue(own.as_bytes(), created, b"/q/", b"/q0")
+        store.is_first(own.as_bytes(), created, store.oldest_in(b"/q/", b"/q0"))
     };
     assert!(
         first(&store, "/q/b", 3),
