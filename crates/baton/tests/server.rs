@@ -160,6 +160,43 @@ async fn the_successor_leads_without_a_read() {
     );
 }
 
+/// baton server restarted (same data directory) while a waiter waits behind the leader: the
+/// waiter's checked watch breaks, it finds its place again, and the leader's resign after the
+/// restart hands over once, to it, with a higher token; it never leads beside the leader.
+#[tokio::test]
+async fn a_waiter_takes_over_after_a_server_restart() {
+    use std::time::Duration;
+    let (mut server, _client) = own_server().await;
+    let url = format!("etcd://{}/baton-test", server.endpoint());
+    let a_backend = baton::Backend::connect(&url).await.unwrap();
+    let b_backend = baton::Backend::connect(&url).await.unwrap();
+    let name = unique("restarted");
+    let a = baton::Election::new(&a_backend, &name, config()).unwrap();
+    let b = baton::Election::new(&b_backend, &name, config()).unwrap();
+    let a_lead = a.campaign("a").await.unwrap();
+    let b_campaign = tokio::spawn(async move { b.campaign("b").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    // Long enough for both to reconnect and the waiter to watch again (the TTL is 2 s).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(a_lead.is_leading(), "a restart shorter than the TTL");
+    assert!(!b_campaign.is_finished(), "b waits while a leads");
+    let token = a_lead.token();
+    a_lead.resign().await;
+    let b_lead = within("takeover", Duration::from_secs(2), b_campaign)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(b_lead.id(), "b");
+    assert!(b_lead.token() > token);
+    drop(server);
+}
+
 /// The queue check on a deletion watch: `baton_first_at` is the revision at which the own
 /// entry is first, and 0 whenever it is not: another entry still ahead, the own entry gone in
 /// the same revision, a different incarnation of it. A deletion already in the history gets

@@ -60,7 +60,25 @@ enum Write {
 #[derive(Clone)]
 pub struct LogStore {
     cached: Arc<Mutex<Cached>>,
-    writer: mpsc::Sender<Write>,
+    writer: Arc<Writer>,
+}
+
+/// The writer thread's queue and the thread itself. The last `LogStore` to go closes the queue
+/// and waits for the thread to commit what it holds and let go of the database, so that once a
+/// server is shut down (every `LogStore` dropped), its data directory can be opened again in
+/// the same process at once.
+struct Writer {
+    queue: Option<mpsc::Sender<Write>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Reads the in-memory copy of the unpurged log.
@@ -74,13 +92,16 @@ impl LogStore {
     /// the writer thread.
     pub fn open(db: Arc<Database>) -> io::Result<LogStore> {
         let cached = load(&db)?;
-        let (writer, queue) = mpsc::channel();
-        std::thread::Builder::new()
+        let (sender, queue) = mpsc::channel();
+        let thread = std::thread::Builder::new()
             .name("baton-raft-log".into())
             .spawn(move || write_loop(&db, &queue))?;
         Ok(LogStore {
             cached: Arc::new(Mutex::new(cached)),
-            writer,
+            writer: Arc::new(Writer {
+                queue: Some(sender),
+                thread: Some(thread),
+            }),
         })
     }
 
@@ -90,7 +111,12 @@ impl LogStore {
     }
 
     fn send(&self, write: Write) -> Result<()> {
-        self.writer.send(write).map_err(|_| {
+        let queue = self
+            .writer
+            .queue
+            .as_ref()
+            .expect("open until the last LogStore goes");
+        queue.send(write).map_err(|_| {
             io_error(
                 ErrorSubject::Logs,
                 ErrorVerb::Write,
