@@ -428,3 +428,10 @@ async fn etcd_ignores_the_queue_check_and_the_successor_reads() {
     let requests = etcd_support::requests_from_resign_to_successor(&url()).await;
     assert_eq!(requests, 1, "the find-predecessor read");
 }
+
+/// The answers baton server must give as etcd 3.4 does (see `check_answers_as_etcd`), pinned
+/// against the real thing.
+#[tokio::test]
+async fn etcd_answers_as_the_server_checks() {
+    etcd_support::check_answers_as_etcd(&etcd()).await;
+}

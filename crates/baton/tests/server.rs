@@ -277,3 +277,10 @@ async fn first_at_of_two(
     }
     seen
 }
+
+/// Answers clients can tell apart from etcd's (refused watches, a negative start revision, a
+/// half-closed watch stream, headers inside a txn), checked as on etcd (tests/etcd.rs).
+#[tokio::test]
+async fn answers_as_etcd() {
+    etcd_support::check_answers_as_etcd(server_support::shared()).await;
+}

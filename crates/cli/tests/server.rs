@@ -391,7 +391,7 @@ fn etcdctl_endpoint_status_and_member_list() {
         status["version"]
             .as_str()
             .unwrap()
-            .starts_with("3.4.0-baton"),
+            .starts_with("3.4.0+baton."),
         "{status}"
     );
     let member = status["header"]["member_id"].as_u64().unwrap();

@@ -31,8 +31,10 @@ pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
 /// What gRPC accepts before a request is refused: the request limit plus etcd's allowance for
 /// framing, so that an oversized request gets etcd's own "request is too large" answer.
 const MAX_MESSAGE_BYTES: usize = MAX_REQUEST_BYTES + 512 * 1024;
-/// What `Maintenance.Status` reports as the version: the etcd API this server speaks.
-pub const VERSION: &str = concat!("3.4.0-baton.", env!("CARGO_PKG_VERSION"));
+/// What `Maintenance.Status` reports as the version: the etcd API this server speaks, with
+/// baton's own version as build metadata (semver: it ranks equal to 3.4.0, where a pre-release
+/// "-baton" would rank below it).
+pub const VERSION: &str = concat!("3.4.0+baton.", env!("CARGO_PKG_VERSION"));
 
 /// Serves every service on `listener` until `shutdown` completes.
 pub async fn serve(
@@ -199,13 +201,15 @@ impl Kv for Service {
             let core = lock(&self.node.core);
             if let Some(answer) = core.store.read_txn(&request) {
                 let mut response = answer.map_err(|e| status(&e))?;
-                fill_txn_headers(&mut response, core.header(core.store.revision()));
+                // Only the txn's own header is the server's, as in etcd; the responses inside
+                // carry the revision each op saw (from the store).
+                response.header = Some(core.header(core.store.revision()));
                 return Ok(Response::new(response));
             }
         }
         match self.write(Command::Txn(request)).await? {
             (CommandResponse::Txn(mut r), header) => {
-                fill_txn_headers(&mut r, header);
+                r.header = Some(header);
                 Ok(Response::new(r))
             }
             (other, _) => Err(unexpected(&other)),
@@ -218,21 +222,6 @@ impl Kv for Service {
     ) -> Result<Response<CompactionResponse>, Status> {
         let revision = request.into_inner().revision;
         respond!(self, Command::Compact { revision }, Compact)
-    }
-}
-
-/// etcd puts a header on every response inside a txn too.
-fn fill_txn_headers(response: &mut TxnResponse, header: ResponseHeader) {
-    use crate::proto::etcdserverpb::response_op::Response as Op;
-    response.header = Some(header);
-    for op in &mut response.responses {
-        match &mut op.response {
-            Some(Op::ResponseRange(r)) => r.header = Some(header),
-            Some(Op::ResponsePut(r)) => r.header = Some(header),
-            Some(Op::ResponseDeleteRange(r)) => r.header = Some(header),
-            Some(Op::ResponseTxn(r)) => fill_txn_headers(r, header),
-            None => {}
-        }
     }
 }
 
@@ -429,14 +418,18 @@ async fn read_watch_requests(
     let mut next_watch_id = 0;
     let mut progress = tokio::time::interval(node.config.progress_interval);
     progress.tick().await;
+    // A client that closes its side of the stream (having sent all its requests) still gets
+    // its events, as from etcd: the watches end when the response stream goes (StreamGuard).
+    let mut requests_open = true;
     loop {
         tokio::select! {
-            message = inbound.message() => match message {
+            message = inbound.message(), if requests_open => match message {
                 Ok(Some(WatchRequest { request_union: Some(request) })) => {
                     handle_watch_request(&node, stream, &sink, &mut next_watch_id, request);
                 }
                 Ok(Some(WatchRequest { request_union: None })) => {}
-                Ok(None) | Err(_) => break,
+                Ok(None) => requests_open = false,
+                Err(_) => break,
             },
             _ = progress.tick() => {
                 let core = &mut *lock(&node.core);
@@ -460,7 +453,28 @@ fn handle_watch_request(
     let mut core = lock(&node.core);
     let header = core.header(core.store.revision());
     match request {
-        RequestUnion::CreateRequest(create) => {
+        RequestUnion::CreateRequest(mut create) => {
+            if create.key.is_empty() {
+                // As in etcd: the empty key stands for the smallest key, "\0".
+                create.key = vec![0];
+            }
+            // etcd's refusals of a watch: created and cancelled at once under watch id -1, so
+            // that no watch of the stream can be taken for the cancelled one.
+            let explicit = WatcherId {
+                stream,
+                watch: create.watch_id,
+            };
+            let refusal = if range_is_empty(&create.key, &create.range_end) {
+                Some("mvcc: watcher range is empty")
+            } else if create.watch_id != 0 && core.watches.contains(explicit) {
+                Some("mvcc: duplicate watch ID provided on the WatchStream")
+            } else {
+                None
+            };
+            if let Some(reason) = refusal {
+                sink.send(watch::refused(&header, reason));
+                return;
+            }
             let watch_id = if create.watch_id != 0 {
                 create.watch_id
             } else {
@@ -479,23 +493,22 @@ fn handle_watch_request(
                 stream,
                 watch: watch_id,
             };
-            if create.watch_id < 0 || core.watches.contains(id) {
-                sink.send(WatchResponse {
-                    header: Some(header),
-                    watch_id,
-                    created: true,
-                    canceled: true,
-                    cancel_reason: "etcdserver: duplicate watch ID".into(),
-                    ..WatchResponse::default()
-                });
-                return;
-            }
             sink.send(WatchResponse {
                 header: Some(header),
                 watch_id,
                 created: true,
                 ..WatchResponse::default()
             });
+            if create.start_revision < 0 {
+                // etcd takes a negative start revision as one older than its compaction (its
+                // compact revision is -1 before the first one).
+                let compact_revision = match core.store.compact_revision() {
+                    0 => -1,
+                    revision => revision,
+                };
+                sink.send(watch::compacted(&header, watch_id, compact_revision));
+                return;
+            }
             let current = core.store.revision();
             let start_revision = if create.start_revision <= 0 {
                 current + 1
@@ -531,15 +544,7 @@ fn handle_watch_request(
                         send_history(sink, &header, watch_id, &events, first_at);
                     }
                     Err(StoreError::Compacted { compact_revision }) => {
-                        sink.send(WatchResponse {
-                            header: Some(header),
-                            watch_id,
-                            canceled: true,
-                            compact_revision,
-                            cancel_reason: "etcdserver: mvcc: required revision has been compacted"
-                                .into(),
-                            ..WatchResponse::default()
-                        });
+                        sink.send(watch::compacted(&header, watch_id, compact_revision));
                         return;
                     }
                     Err(other) => {
@@ -573,6 +578,12 @@ fn handle_watch_request(
             });
         }
     }
+}
+
+/// Whether a watch's range holds no key: an end at or before its key (an empty end is one key,
+/// "\0" every key from it on).
+fn range_is_empty(key: &[u8], range_end: &[u8]) -> bool {
+    !range_end.is_empty() && range_end != [0] && key >= range_end
 }
 
 /// Past events, one response per revision at most [`HISTORY_BATCH`] events long.

@@ -331,6 +331,27 @@ impl WatchHub {
     }
 }
 
+/// etcd's answer to a watch it refuses (an empty range, an id in use): created and cancelled
+/// at once, under watch id -1.
+pub fn refused(header: &ResponseHeader, reason: &str) -> WatchResponse {
+    WatchResponse {
+        created: true,
+        ..cancelled(header, -1, reason)
+    }
+}
+
+/// A watch cancelled because the history it asked for is gone.
+pub fn compacted(header: &ResponseHeader, watch_id: i64, compact_revision: i64) -> WatchResponse {
+    WatchResponse {
+        compact_revision,
+        ..cancelled(
+            header,
+            watch_id,
+            "etcdserver: mvcc: required revision has been compacted",
+        )
+    }
+}
+
 /// A response cancelling watch `watch_id`.
 pub fn cancelled(header: &ResponseHeader, watch_id: i64, reason: &str) -> WatchResponse {
     WatchResponse {

@@ -172,3 +172,199 @@ pub async fn next_events(
         }
     }
 }
+
+/// The next response on a raw watch stream, whatever it is.
+async fn next_response(
+    responses: &mut tonic::Streaming<baton_etcd_proto::etcdserverpb::WatchResponse>,
+) -> baton_etcd_proto::etcdserverpb::WatchResponse {
+    tokio::time::timeout(std::time::Duration::from_secs(5), responses.message())
+        .await
+        .expect("no watch response within 5 s")
+        .unwrap()
+        .expect("the watch stream ended")
+}
+
+/// The next response is a refused watch: created and cancelled under id -1, for `reason`.
+async fn expect_refused(
+    responses: &mut tonic::Streaming<baton_etcd_proto::etcdserverpb::WatchResponse>,
+    reason: &str,
+) {
+    let refused = next_response(responses).await;
+    assert_eq!(
+        (refused.watch_id, refused.created, refused.canceled),
+        (-1, true, true),
+        "{refused:?}"
+    );
+    assert!(refused.cancel_reason.contains(reason), "{refused:?}");
+}
+
+/// A plain watch request: `watch_id` 0 lets the server choose.
+fn watch_create(
+    watch_id: i64,
+    key: &str,
+    range_end: &str,
+    start_revision: i64,
+) -> baton_etcd_proto::etcdserverpb::WatchRequest {
+    use baton_etcd_proto::etcdserverpb::{
+        watch_request::RequestUnion, WatchCreateRequest, WatchRequest,
+    };
+    WatchRequest {
+        request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+            key: key.into(),
+            range_end: range_end.into(),
+            start_revision,
+            watch_id,
+            ..WatchCreateRequest::default()
+        })),
+    }
+}
+
+/// Answers of etcd 3.4 that clients can tell apart, run the same way against real etcd (which
+/// pins them) and against baton server (which must match): refused watches (an id in use, a
+/// range with no key) come back created and cancelled under watch id -1 and leave the stream's
+/// other watches alone; a negative start revision is cancelled as compacted; a client that
+/// closes its side of a watch stream still gets its events; inside a txn, each response
+/// carries the revision its op saw and no member or cluster id, and a nested txn's header is
+/// empty.
+pub async fn check_answers_as_etcd(endpoint: &str) {
+    use baton_etcd_proto::etcdserverpb::{
+        compare, kv_client::KvClient, request_op::Request, response_op::Response, Compare,
+        PutRequest, RangeRequest, RequestOp, TxnRequest,
+    };
+    let prefix = format!(
+        "/answers-{}/",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let key = |name: &str| format!("{prefix}{name}");
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut kv = KvClient::new(channel);
+
+    let (watches, mut responses) = raw_watch(endpoint, watch_create(5, &key("a"), "", 0)).await;
+    let created = next_response(&mut responses).await;
+    assert_eq!(
+        (created.watch_id, created.created),
+        (5, true),
+        "{created:?}"
+    );
+    assert!(!created.canceled, "{created:?}");
+    // The same id again, on another key.
+    watches
+        .send(watch_create(5, &key("b"), "", 0))
+        .await
+        .unwrap();
+    expect_refused(&mut responses, "duplicate watch ID").await;
+    // A range whose end is before its key.
+    watches
+        .send(watch_create(0, &key("z"), &key("a"), 0))
+        .await
+        .unwrap();
+    expect_refused(&mut responses, "watcher range is empty").await;
+    // A negative start revision.
+    watches
+        .send(watch_create(7, &key("n"), "", -3))
+        .await
+        .unwrap();
+    let created = next_response(&mut responses).await;
+    assert_eq!(
+        (created.watch_id, created.created),
+        (7, true),
+        "{created:?}"
+    );
+    let cancelled = next_response(&mut responses).await;
+    assert_eq!(
+        (cancelled.watch_id, cancelled.canceled),
+        (7, true),
+        "{cancelled:?}"
+    );
+    assert_ne!(cancelled.compact_revision, 0, "{cancelled:?}");
+    // Our side of the stream closes (no more requests); watch 5 was never cancelled and
+    // still gets its key's put.
+    drop(watches);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let put = |name: &str, value: &str| PutRequest {
+        key: key(name).into(),
+        value: value.into(),
+        ..PutRequest::default()
+    };
+    kv.put(put("a", "1")).await.unwrap();
+    let event = next_response(&mut responses).await;
+    assert_eq!(event.watch_id, 5, "{event:?}");
+    assert_eq!(event.events.len(), 1, "{event:?}");
+    assert_eq!(
+        event.events[0].kv.as_ref().unwrap().key,
+        key("a").as_bytes()
+    );
+
+    // A txn whose compare fails, so that its failure branch runs: read, write, read, and a
+    // nested txn that reads.
+    let before = kv
+        .put(put("t", "1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .header
+        .unwrap()
+        .revision;
+    let range = || RequestOp {
+        request: Some(Request::RequestRange(RangeRequest {
+            key: key("t").into(),
+            ..RangeRequest::default()
+        })),
+    };
+    let txn = TxnRequest {
+        compare: vec![Compare {
+            key: key("t").into(),
+            target: compare::CompareTarget::Value as i32,
+            result: compare::CompareResult::Equal as i32,
+            target_union: Some(compare::TargetUnion::Value(b"other".to_vec())),
+            ..Compare::default()
+        }],
+        success: vec![],
+        failure: vec![
+            range(),
+            RequestOp {
+                request: Some(Request::RequestPut(put("t", "2"))),
+            },
+            range(),
+            RequestOp {
+                request: Some(Request::RequestTxn(TxnRequest {
+                    success: vec![range()],
+                    ..TxnRequest::default()
+                })),
+            },
+        ],
+    };
+    let answer = kv.txn(txn).await.unwrap().into_inner();
+    assert!(!answer.succeeded);
+    let top = answer.header.unwrap();
+    assert_eq!(top.revision, before + 1);
+    assert_ne!(top.member_id, 0, "the txn's own header is the server's");
+    let header = |response: &Option<Response>| match response {
+        Some(Response::ResponseRange(r)) => r.header.unwrap(),
+        Some(Response::ResponsePut(r)) => r.header.unwrap(),
+        Some(Response::ResponseTxn(r)) => r.header.unwrap_or_default(),
+        other => panic!("unexpected response {other:?}"),
+    };
+    let revisions: Vec<(i64, u64)> = answer
+        .responses
+        .iter()
+        .map(|op| header(&op.response))
+        .map(|h| (h.revision, h.member_id))
+        .collect();
+    assert_eq!(
+        revisions,
+        [(before, 0), (before + 1, 0), (before + 1, 0), (0, 0)],
+        "the revision each op saw, no member id inside a txn, an empty nested txn header"
+    );
+    let Some(Response::ResponseTxn(nested)) = &answer.responses[3].response else {
+        panic!("no nested txn answer");
+    };
+    assert_eq!(header(&nested.responses[0].response).revision, before + 1);
+}
