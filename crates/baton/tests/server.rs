@@ -284,3 +284,50 @@ async fn first_at_of_two(
 async fn answers_as_etcd() {
     etcd_support::check_answers_as_etcd(server_support::shared()).await;
 }
+
+/// A start revision of -1 on a server that never compacted: etcd 3.4 (its compact revision
+/// is -1 then) finds no history below it and watches from now on; -2 is cancelled as
+/// compacted, at -1.
+#[tokio::test]
+async fn a_start_revision_of_minus_one_watches_from_now_before_any_compaction() {
+    use etcd_support::{next_response, raw_watch, watch_create};
+    let (server, mut client) = own_server().await;
+    client.put("/m/before", "", None).await.unwrap();
+    let (watches, mut responses) =
+        raw_watch(&server.endpoint(), watch_create(1, "/m/", "/m0", -1)).await;
+    let created = next_response(&mut responses).await;
+    assert!(created.created && !created.canceled, "{created:?}");
+    watches
+        .send(watch_create(2, "/m/", "/m0", -2))
+        .await
+        .unwrap();
+    let created = next_response(&mut responses).await;
+    assert_eq!(
+        (created.watch_id, created.created),
+        (2, true),
+        "{created:?}"
+    );
+    let cancelled = next_response(&mut responses).await;
+    assert_eq!(
+        (
+            cancelled.watch_id,
+            cancelled.canceled,
+            cancelled.compact_revision
+        ),
+        (2, true, -1),
+        "{cancelled:?}"
+    );
+    client.put("/m/after", "", None).await.unwrap();
+    let event = next_response(&mut responses).await;
+    assert_eq!(event.watch_id, 1, "{event:?}");
+    let keys: Vec<_> = event
+        .events
+        .iter()
+        .map(|e| e.kv.clone().unwrap().key)
+        .collect();
+    assert_eq!(
+        keys,
+        [b"/m/after".to_vec()],
+        "no history, only what came after"
+    );
+}

@@ -499,13 +499,14 @@ fn handle_watch_request(
                 created: true,
                 ..WatchResponse::default()
             });
-            if create.start_revision < 0 {
-                // etcd takes a negative start revision as one older than its compaction (its
-                // compact revision is -1 before the first one).
-                let compact_revision = match core.store.compact_revision() {
-                    0 => -1,
-                    revision => revision,
-                };
+            // etcd's compact revision is -1 before the first compaction, and it cancels a watch
+            // that starts below it; any other negative start (-1 before a compaction) finds no
+            // history and watches from now on.
+            let compact_revision = match core.store.compact_revision() {
+                0 => -1,
+                revision => revision,
+            };
+            if create.start_revision < 0 && create.start_revision < compact_revision {
                 sink.send(watch::compacted(&header, watch_id, compact_revision));
                 return;
             }

@@ -174,7 +174,7 @@ pub async fn next_events(
 }
 
 /// The next response on a raw watch stream, whatever it is.
-async fn next_response(
+pub async fn next_response(
     responses: &mut tonic::Streaming<baton_etcd_proto::etcdserverpb::WatchResponse>,
 ) -> baton_etcd_proto::etcdserverpb::WatchResponse {
     tokio::time::timeout(std::time::Duration::from_secs(5), responses.message())
@@ -199,7 +199,7 @@ async fn expect_refused(
 }
 
 /// A plain watch request: `watch_id` 0 lets the server choose.
-fn watch_create(
+pub fn watch_create(
     watch_id: i64,
     key: &str,
     range_end: &str,
