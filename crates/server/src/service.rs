@@ -52,7 +52,7 @@ pub async fn serve(
         })
     });
     tonic::transport::Server::builder()
-        .layer(tower::util::MapResponseLayer::new(explain_unimplemented))
+        .layer(tower::util::MapResponseLayer::new(answer_as_grpc_go))
         .add_service(KvServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(LeaseServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(WatchServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
@@ -67,22 +67,45 @@ const UNIMPLEMENTED: &str = "baton server does not implement this RPC: it serves
     the etcd v3 API that leases, elections and locks use (KV, Watch, Lease, Cluster.MemberList, \
     Maintenance.Status)";
 
-/// Gives tonic's bare `Unimplemented` (a method or service of etcd's API that is not served
-/// here: defragment, alarms, auth...) a message that says so.
-fn explain_unimplemented(
+/// tonic's answers where etcd's server (gRPC-Go) answers otherwise, in the status of a call
+/// refused before it reached a service:
+/// - a bare `Unimplemented` (a method or service of etcd's API that is not served here:
+///   defragment, alarms, auth...) gets a message that says so;
+/// - a request larger than gRPC accepts gets gRPC-Go's `ResourceExhausted` and its message,
+///   where tonic says `OutOfRange` (the code etcd uses for compacted revisions).
+fn answer_as_grpc_go(
     mut response: http::Response<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
     let headers = response.headers_mut();
-    let unimplemented = headers
-        .get("grpc-status")
-        .is_some_and(|code| code.as_bytes() == b"12");
-    if unimplemented && headers.get("grpc-message").is_none_or(|m| m.is_empty()) {
-        headers.insert(
-            "grpc-message",
-            http::HeaderValue::from_static(UNIMPLEMENTED),
-        );
-    }
+    let Some(status) = Status::from_header_map(headers) else {
+        return response;
+    };
+    let answer = match status.code() {
+        tonic::Code::Unimplemented if status.message().is_empty() => {
+            Status::unimplemented(UNIMPLEMENTED)
+        }
+        tonic::Code::OutOfRange => match too_large_as_grpc_go(status.message()) {
+            Some(message) => Status::resource_exhausted(message),
+            None => return response,
+        },
+        _ => return response,
+    };
+    // Only the code and message headers change; an answer that cannot be a header stays
+    // tonic's.
+    let _ = answer.add_header(headers);
     response
+}
+
+/// gRPC-Go's words for tonic's "decoded message length too large"; `None` for any other
+/// message.
+fn too_large_as_grpc_go(tonic_message: &str) -> Option<String> {
+    let rest = tonic_message
+        .strip_prefix("Error, decoded message length too large: found ")?
+        .strip_suffix(" bytes")?;
+    let (found, limit) = rest.split_once(" bytes, the limit is: ")?;
+    Some(format!(
+        "grpc: received message larger than max ({found} vs. {limit})"
+    ))
 }
 
 #[derive(Clone)]
