@@ -68,13 +68,14 @@ pub struct LogStore {
 /// server is shut down (every `LogStore` dropped), its data directory can be opened again in
 /// the same process at once.
 struct Writer {
-    queue: Option<mpsc::Sender<Write>>,
+    queue: mpsc::Sender<Write>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        drop(self.queue.take());
+        // Our sender goes now (a disconnected one takes its place), so the thread's queue ends.
+        self.queue = mpsc::channel().0;
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -99,7 +100,7 @@ impl LogStore {
         Ok(LogStore {
             cached: Arc::new(Mutex::new(cached)),
             writer: Arc::new(Writer {
-                queue: Some(sender),
+                queue: sender,
                 thread: Some(thread),
             }),
         })
@@ -111,12 +112,7 @@ impl LogStore {
     }
 
     fn send(&self, write: Write) -> Result<()> {
-        let queue = self
-            .writer
-            .queue
-            .as_ref()
-            .expect("open until the last LogStore goes");
-        queue.send(write).map_err(|_| {
+        self.writer.queue.send(write).map_err(|_| {
             io_error(
                 ErrorSubject::Logs,
                 ErrorVerb::Write,

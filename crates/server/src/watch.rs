@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 
 use crate::proto::etcdserverpb::{QueueCheck, ResponseHeader, WatchResponse};
 use crate::proto::mvccpb::{event::EventType, Event};
-use crate::store::{in_range, Store};
+use crate::store::{in_range, Store, StoreError};
 
 /// Responses a stream may have waiting before its watchers are cancelled as too slow.
 pub const MAX_QUEUED: usize = 10_000;
@@ -347,7 +347,7 @@ pub fn compacted(header: &ResponseHeader, watch_id: i64, compact_revision: i64) 
         ..cancelled(
             header,
             watch_id,
-            "etcdserver: mvcc: required revision has been compacted",
+            &StoreError::Compacted { compact_revision }.to_string(),
         )
     }
 }

@@ -288,6 +288,15 @@ pub async fn check_tokens_strictly_increase(url: &str) {
 }
 
 pub async fn check_waiter_takes_over_on_resign(url: &str) {
+    check_waiter_takes_over_on_resign_after(url, async |_| {}).await;
+}
+
+/// [`check_waiter_takes_over_on_resign`] with `between` done to the backend while a leads and
+/// b waits (a fault the handoff must come through); it gets a's leadership to check.
+pub async fn check_waiter_takes_over_on_resign_after(
+    url: &str,
+    between: impl AsyncFnOnce(&baton::Leadership),
+) {
     let a_backend = Backend::connect(url).await.unwrap();
     let b_backend = Backend::connect(url).await.unwrap();
     let name = unique("handoff");
@@ -296,6 +305,7 @@ pub async fn check_waiter_takes_over_on_resign(url: &str) {
     let a_lead = a.campaign("a").await.unwrap();
     let b_campaign = tokio::spawn(async move { b.campaign("b").await });
     tokio::time::sleep(Duration::from_millis(300)).await;
+    between(&a_lead).await;
     assert!(!b_campaign.is_finished(), "b must wait while a leads");
     let a_token = a_lead.token();
     a_lead.resign().await;

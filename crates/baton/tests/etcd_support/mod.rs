@@ -49,6 +49,15 @@ pub async fn delete_all_keys_at(endpoint: &str, election: &str) -> u64 {
     response.header().unwrap().revision() as u64
 }
 
+/// `what` with the current time in nanoseconds: a name no earlier run used.
+fn unique_name(what: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{what}-{nanos}")
+}
+
 /// The requests the next in line makes from its predecessor's resign until it leads: on baton
 /// server none (the deletion's watch event says, by baton's queue check, that it is first),
 /// on etcd one (its find-predecessor read).
@@ -56,13 +65,7 @@ pub async fn requests_from_resign_to_successor(url: &str) -> u64 {
     use baton::{Backend, Election, ElectionConfig};
     use std::time::Duration;
     let config = ElectionConfig::default().with_ttl(Duration::from_secs(10));
-    let name = format!(
-        "successor-requests-{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
+    let name = unique_name("successor-requests");
     let leader_backend = Backend::connect(url).await.unwrap();
     let waiter_backend = Backend::connect(url).await.unwrap();
     let leader = Election::new(&leader_backend, &name, config.clone())
@@ -231,13 +234,7 @@ pub async fn check_answers_as_etcd(endpoint: &str) {
         compare, kv_client::KvClient, request_op::Request, response_op::Response, Compare,
         PutRequest, RangeRequest, RequestOp, TxnRequest,
     };
-    let prefix = format!(
-        "/answers-{}/",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
+    let prefix = format!("/{}/", unique_name("answers"));
     let key = |name: &str| format!("{prefix}{name}");
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
         .unwrap()
