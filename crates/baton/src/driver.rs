@@ -1031,7 +1031,7 @@ impl<Q: Queue> CandidateDriver<Q> {
             let error = Error::TokenRegressed {
                 election: self.election.clone(),
                 token: self.created_position.token(),
-                highest: self.core.highest_token().unwrap_or_default(),
+                highest: self.core.highest_reached().unwrap_or_default(),
             };
             tracing::warn!(election = %self.election, %error, "candidacy ended");
             let _ = self.leaderships.try_send(Box::new(Err(error)));

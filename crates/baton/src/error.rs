@@ -78,13 +78,14 @@ pub enum Error {
     /// The campaign ended before leadership was gained.
     #[error("campaign ended before leadership was gained: {0}")]
     CampaignLost(LossReason),
-    /// A new entry's revision was not above a fencing token this election already issued: the
-    /// backend's revision went backwards (restored from an older snapshot, or wiped). The
+    /// A new entry's revision was not above a fencing token this election already issued, or
+    /// above an earlier entry of the same candidacy: the backend's revision went backwards (restored from an older snapshot, or wiped). The
     /// candidacy ends, with requeue too; resources fenced with the old tokens will refuse every
     /// new leader until their fence is reset.
     #[error(
-        "election {election:?}: new fencing token {token} is not above {highest}, already issued: \
-         the backend's revision went backwards (restored from an older snapshot or wiped); \
+        "election {election:?}: new fencing token {token} is not above {highest}, which the \
+         election already reached: the backend's revision went backwards (restored from an \
+         older snapshot or wiped); \
          fenced resources will reject new leaders until their fence is reset"
     )]
     TokenRegressed {
@@ -92,7 +93,8 @@ pub enum Error {
         election: String,
         /// The revision our new entry got.
         token: u64,
-        /// The highest token this process saw issued in the election.
+        /// The highest position this process saw the election reach: a token issued, or an
+        /// entry of this candidacy.
         highest: u64,
     },
     /// Another live candidate of the election already uses this id (in this process or

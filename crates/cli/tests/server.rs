@@ -816,6 +816,58 @@ fn a_server_restarted_within_the_ttl_keeps_the_leader() {
     );
 }
 
+/// An old copy of the data directory restored under running `baton run`s (the leader and a
+/// waiter in its own process, both with --requeue): the leases are gone, so the leader's
+/// command stops; the entries each creates again come out below its last one, so both
+/// candidacies end saying the tokens went backwards, and the waiter never runs its command
+/// with a token below the one already issued.
+#[test]
+fn a_restored_data_directory_ends_the_leader_and_the_waiter() {
+    let dir = scratch("server-restored-run");
+    let data = dir.join("data");
+    let mut server = ServerProcess::start("127.0.0.1:0", &data);
+    server.stop();
+    copy_dir(&data, &dir.join("backup"));
+    server.restart();
+    put_many(&server, 100);
+    let url = format!("etcd://{}/restored", server.addr);
+    let flags = ["--ttl", "2s", "--requeue"];
+    let leader = Runner::start_with(&url, "e", &flags, &dir, "a");
+    let token = leader.wait_running(Duration::from_secs(10));
+    let command = leader.child_pid().unwrap();
+    let mut waiter = Runner::start_with(&url, "e", &flags, &dir, "b");
+    std::thread::sleep(Duration::from_millis(500));
+    server.stop();
+    std::fs::remove_dir_all(&data).unwrap();
+    copy_dir(&dir.join("backup"), &data);
+    server.restart();
+    wait_for(
+        "the leader's command to stop",
+        Duration::from_secs(5),
+        || (!common::alive(command)).then_some(()),
+    );
+    let exited = wait_for("the waiter to exit", Duration::from_secs(15), || {
+        waiter.child.try_wait().unwrap()
+    });
+    assert!(!exited.success(), "{}", waiter.stderr());
+    let stderr = waiter.stderr();
+    assert!(stderr.contains("went backwards"), "{stderr}");
+    assert_eq!(
+        waiter.token(),
+        None,
+        "the waiter ran after {token}: {stderr}"
+    );
+}
+
+/// Copies directory `from` (files only, as a data directory is) to `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
 /// A server stopped (SIGSTOP) for longer than the TTL: the leader's command is killed by its
 /// own deadline while the server is frozen; once the server runs again the waiter leads with a
 /// higher token, and never while the old command lives.

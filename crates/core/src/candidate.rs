@@ -20,7 +20,8 @@ pub enum LossReason {
     EntryDeleted,
     /// The backend failed in a way we could not recover from.
     BackendFailed,
-    /// Our new entry's position is not above a token this election already issued: the
+    /// Our new entry's position is not above a token this election already issued, or above
+    /// an earlier entry of ours: the
     /// backend's history went backwards (restored from an older snapshot, or wiped). Final even
     /// with requeue, since every new entry would get a low token too.
     TokenRegressed,
@@ -121,6 +122,10 @@ pub struct Candidate {
     /// The highest token this election is known to have issued: ours, or one seen elsewhere.
     /// Every entry created later must have a higher position.
     last_token: Option<u64>,
+    /// The highest position one of our own entries had, led or not: a healthy backend gives
+    /// every later entry a higher one too (a waiter that never led knows no token, but it
+    /// knows this).
+    last_position: Option<u64>,
     actions: VecDeque<Action>,
 }
 
@@ -131,6 +136,7 @@ impl Candidate {
             requeue,
             state: CandidateState::Idle,
             last_token: None,
+            last_position: None,
             actions: VecDeque::new(),
         }
     }
@@ -163,6 +169,12 @@ impl Candidate {
     /// The highest token this election is known to have issued (ours or seen elsewhere).
     pub fn highest_token(&self) -> Option<u64> {
         self.last_token
+    }
+
+    /// The highest position the election is known to have reached: a token it issued or one
+    /// of our own entries. Every entry we create must come out above it.
+    pub fn highest_reached(&self) -> Option<u64> {
+        self.last_token.max(self.last_position)
     }
 
     /// Whether the candidacy is over for good.
@@ -232,10 +244,12 @@ impl Candidate {
             }
             return;
         }
-        if self.last_token.is_some_and(|last| position <= last) {
-            // A healthy backend gives a new entry a position above every token issued before.
+        if self.highest_reached().is_some_and(|last| position <= last) {
+            // A healthy backend gives a new entry a position above every token issued before
+            // and above every entry of ours before it.
             return self.become_regressed(position);
         }
+        self.last_position = Some(position);
         self.become_positioning(position);
     }
 
@@ -329,8 +343,8 @@ impl Candidate {
         self.actions.push_back(Action::Elected { token });
     }
 
-    /// Our new entry's position is not above an issued token: remove the entry and stop for
-    /// good, requeue or not (every new entry would get a low token too).
+    /// Our new entry's position is not above an issued token or an earlier entry of ours:
+    /// remove the entry and stop for good, requeue or not (every new entry would get a low token too).
     fn become_regressed(&mut self, position: u64) {
         self.actions.push_back(Action::Lost {
             reason: LossReason::TokenRegressed,
@@ -703,5 +717,55 @@ mod tests {
             ]
         );
         assert_eq!(core.highest_token(), Some(41));
+    }
+
+    /// A waiter that never led knows no token, but its own entries: after a restore that
+    /// takes its entry away, the entry it creates again comes out below the old one, and that
+    /// ends the candidacy as a token going backwards would.
+    #[test]
+    fn a_waiter_whose_new_entry_is_below_its_old_one_regresses() {
+        let mut core = Candidate::new(true);
+        core.campaign();
+        core.handle_entry_created(109);
+        core.handle_predecessor(Some(100));
+        core.handle_entry_deleted();
+        assert_eq!(
+            drain(&mut core),
+            vec![
+                Action::CreateEntry,
+                Action::FindPredecessor { own_position: 109 },
+                Action::WatchPredecessor { position: 100 },
+                Action::Lost {
+                    reason: LossReason::EntryDeleted,
+                    was_leading: false
+                },
+                Action::CreateEntry
+            ]
+        );
+        assert_eq!(core.highest_token(), None);
+        assert_eq!(core.highest_reached(), Some(109));
+        core.handle_entry_created(62);
+        assert_eq!(
+            drain(&mut core),
+            vec![
+                Action::Lost {
+                    reason: LossReason::TokenRegressed,
+                    was_leading: false
+                },
+                Action::DeleteEntry { position: 62 }
+            ]
+        );
+        assert!(core.is_finished());
+        // A healthy backend's next entry is above the old one: it queues again.
+        let mut core = Candidate::new(true);
+        core.campaign();
+        core.handle_entry_created(109);
+        core.handle_entry_deleted();
+        core.handle_entry_created(110);
+        core.handle_predecessor(None);
+        assert_eq!(
+            drain(&mut core).last(),
+            Some(&Action::Elected { token: 110 })
+        );
     }
 }

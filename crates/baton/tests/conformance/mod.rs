@@ -168,6 +168,16 @@ macro_rules! conformance_suite {
             }
 
             #[tokio::test]
+            async fn a_waiter_notices_tokens_going_backwards() {
+                let mut private = $backend.rewindable().await;
+                let url = private.url();
+                conformance::check_a_waiter_notices_tokens_going_backwards(&url, async || {
+                    private.rewind().await
+                })
+                .await;
+            }
+
+            #[tokio::test]
             async fn no_renewals_once_every_candidacy_ended() {
                 conformance::check_no_renewals_once_every_candidacy_ended(&$backend.url()).await;
             }
@@ -865,6 +875,57 @@ pub async fn check_tokens_going_backwards_end_the_candidacy(url: &str, rewind: i
     let renewals = backend.stats().renewals;
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert_eq!(backend.stats().renewals, renewals, "renewals after the end");
+}
+
+/// A waiter in another process (its own backend connection: no token of the leader's is
+/// known to it) that never led: when the backend is rewound under it, its entry goes, and the
+/// entry it creates again comes out below the old one. Its candidacy ends with
+/// `TokenRegressed`, as the leader's does, instead of leading on a low token unawares.
+pub async fn check_a_waiter_notices_tokens_going_backwards(url: &str, rewind: impl AsyncFnOnce()) {
+    let leader_backend = Backend::connect(url).await.unwrap();
+    let waiter_backend = Backend::connect(url).await.unwrap();
+    let name = unique("rewound-waiter");
+    let config = config().with_requeue(true);
+    let leader = Election::new(&leader_backend, &name, config.clone()).unwrap();
+    let mut leading = leader.candidacy("a").unwrap();
+    let first = within("a leads", Duration::from_secs(5), leading.next())
+        .await
+        .unwrap();
+    let token = first.token();
+    let waiter = Election::new(&waiter_backend, &name, config).unwrap();
+    let mut waiting = waiter.candidacy("b").unwrap();
+    within("b queues", Duration::from_secs(5), async {
+        while leader.participants().await.unwrap().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    rewind().await;
+    match within(
+        "end of b's candidacy",
+        Duration::from_secs(15),
+        waiting.next(),
+    )
+    .await
+    {
+        Err(Error::TokenRegressed {
+            token: new,
+            highest,
+            ..
+        }) => {
+            assert!(
+                highest > token,
+                "b's own entry, above a's token {token}: {highest}"
+            );
+            assert!(new <= highest, "{new} > {highest}");
+        }
+        Err(other) => panic!("expected TokenRegressed, got {other:?}"),
+        Ok(leadership) => panic!(
+            "b led with token {} after a's {token}, its own entry above that",
+            leadership.token()
+        ),
+    }
+    drop(first);
 }
 
 /// A lease is renewed while a candidacy uses it, and no longer once the last one has ended.
