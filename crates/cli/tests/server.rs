@@ -907,6 +907,41 @@ fn a_server_stopped_beyond_the_ttl_stops_the_leader_first() {
     );
 }
 
+/// After a server stall longer than the TTL, the candidates (with --requeue) campaigned again
+/// during it, and their new leases were granted only when the server woke, late by their own
+/// clocks. The first term after the stall must last: its lease is renewed at once, not left
+/// to run out locally while the server holds it (terms of 0.1-0.7 s, each command SIGKILLed,
+/// before).
+#[test]
+fn the_first_term_after_a_server_stall_lasts() {
+    let dir = scratch("server-stall-term");
+    let server = ServerProcess::start("127.0.0.1:0", &dir.join("data"));
+    let url = format!("etcd://{}/stall", server.addr);
+    let flags = ["--ttl", "2s", "--requeue"];
+    let a = Runner::start_with(&url, "e", &flags, &dir, "a");
+    let token = a.wait_running(Duration::from_secs(10));
+    let b = Runner::start_with(&url, "e", &flags, &dir, "b");
+    std::thread::sleep(Duration::from_millis(500));
+    signal(server.pid(), libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(5));
+    signal(server.pid(), libc::SIGCONT);
+    // The first command running with a token from after the stall.
+    let (runner, command) = wait_for("a leader after the stall", Duration::from_secs(15), || {
+        [&a, &b].into_iter().find_map(|runner| {
+            let pid = runner.child_pid()?;
+            (runner.token()? > token && common::alive(pid)).then_some((runner, pid))
+        })
+    });
+    let since = Instant::now();
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        common::alive(command),
+        "the first term after the stall ended within {:?}: {}",
+        since.elapsed(),
+        runner.stderr()
+    );
+}
+
 /// A Raft log cut short (a disk that filled up, a bad copy) is refused with one line and exit
 /// code 2, not a panic inside redb; restored whole, the server starts again with its data.
 #[test]

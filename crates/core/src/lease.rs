@@ -159,9 +159,16 @@ impl LeaseCore {
         }
         self.state = LeaseState::Active;
         self.granted_ttl = Some(granted_ttl);
-        self.deadline = Some(sent_at + self.config.local_lease(granted_ttl));
+        let local_lease = self.config.local_lease(granted_ttl);
+        self.deadline = Some(sent_at + local_lease);
         self.acknowledged_send = Some(sent_at);
-        self.next_renew_at = Some(now + self.config.renew_interval());
+        // A renew interval after the answer, but never later than a whole interval before the
+        // deadline: a grant answered late (the server stalled, and granted when it woke) leaves
+        // little of the lease, and waiting the full interval would let it run out locally
+        // while the server holds it, ending a term that has barely begun.
+        let interval = self.config.renew_interval();
+        let latest = sent_at + local_lease.saturating_sub(interval);
+        self.next_renew_at = Some((now + interval).min(latest));
         self.expire_if_due(now);
     }
 
@@ -321,6 +328,20 @@ mod tests {
         assert_eq!(core.poll_timeout(), Some(at(1000)));
         assert!(core.is_live(at(1979)));
         assert!(!core.is_live(at(1980)));
+    }
+
+    /// A grant answered 1.5 s after it was sent (a server that stalled and granted when it
+    /// woke): 380 ms of the lease are left, so the first renewal is due at once, and its answer
+    /// gives a whole lease again.
+    #[test]
+    fn a_late_grant_is_renewed_at_once() {
+        let mut core = granted(0, 1500);
+        assert_eq!(core.deadline(), Some(at(1880)));
+        assert!(core.poll_timeout().is_some_and(|t| t <= at(1500)));
+        core.handle_timeout(at(1500));
+        assert_eq!(drain(&mut core), vec![Action::Renew]);
+        core.handle_renewed(at(1510), ms(2000));
+        assert_eq!(core.deadline(), Some(at(1500 + 1880)));
     }
 
     #[test]
