@@ -231,6 +231,9 @@ fn bad_flags_are_one_line_and_exit_2() {
         &["--backend", "foo://x"],
         &["--backend", "memory://x"],
         &["--report", "/nonexistent-dir/report.html"],
+        // A directory nobody may create files in (not even root): told at once, not after
+        // the whole demo has run.
+        &["--report", "/sys/baton-demo-report.html"],
     ] {
         let output = baton()
             .arg("demo")

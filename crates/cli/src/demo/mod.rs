@@ -294,6 +294,13 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
+    if let Err(error) = check_writable(&args.report) {
+        return Err(UsageError(format!(
+            "--report {}: cannot write it: {error}",
+            args.report.display()
+        ))
+        .into());
+    }
     if let Some(url) = &args.backend {
         // Bad URLs are bad input, told before anything starts.
         match baton::BackendUrl::parse(url) {
@@ -911,3 +918,17 @@ impl Demo {
 
 /// How long the candidates get to stop their jobs and resign at the end before SIGKILL.
 const CANDIDATES_STOP: Duration = Duration::from_secs(3);
+
+/// Whether `path` can be written, found by opening it for appending (an existing file is left
+/// as it is; one this made is removed again).
+fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)?;
+    if !existed {
+        std::fs::remove_file(path)?;
+    }
+    Ok(())
+}
