@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -25,6 +26,14 @@ pub struct ServerArgs {
     /// Log entries between snapshots.
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
+    /// How long a client connection may be silent before the server pings it (etcd's
+    /// --grpc-keepalive-interval).
+    #[arg(long, default_value = "2h", value_parser = crate::run::duration)]
+    grpc_keepalive_interval: Duration,
+    /// How long an unanswered ping waits before the server closes the connection and drops
+    /// its watches (etcd's --grpc-keepalive-timeout).
+    #[arg(long, default_value = "20s", value_parser = crate::run::duration)]
+    grpc_keepalive_timeout: Duration,
 }
 
 /// Serves until SIGTERM or SIGINT; prints `{"listening":"IP:PORT"}` on stdout once clients can
@@ -110,6 +119,8 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let mut config = baton_server::ServerConfig::new(args.listen, args.data);
     config.history_revisions = args.history;
     config.snapshot_every = args.snapshot_every;
+    config.keepalive_interval = args.grpc_keepalive_interval;
+    config.keepalive_timeout = args.grpc_keepalive_timeout;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot handle SIGTERM")?;
     let server = baton_server::start(config)

@@ -559,6 +559,24 @@ fn bad_input_is_one_line_and_exit_2() {
             ],
             "exists and is not a directory",
         ),
+        (
+            vec![
+                "--data".into(),
+                "x".into(),
+                "--grpc-keepalive-timeout".into(),
+                "0s".into(),
+            ],
+            "the keepalive interval and timeout must be positive",
+        ),
+        (
+            vec![
+                "--data".into(),
+                "x".into(),
+                "--grpc-keepalive-interval".into(),
+                "soon".into(),
+            ],
+            "invalid value 'soon'",
+        ),
     ];
     for (args, expected) in cases {
         let output = baton().arg("server").args(&args).output().unwrap();
@@ -1144,4 +1162,88 @@ fn baton_shards_across_a_server_restarted_within_the_ttl_keeps_every_owner() {
         signal(member.id() as i32, libc::SIGTERM);
         assert_eq!(member.wait().unwrap().code(), Some(128 + libc::SIGTERM));
     }
+}
+
+/// What a silent HTTP/2 client saw before `within` ran out: whether the server pinged it, and
+/// whether (and when) the server closed the connection. The client sends the connection
+/// preface and its settings, then answers nothing, as a stopped process or a vanished host.
+fn silent_client(addr: &str, within: Duration) -> (bool, Option<Duration>) {
+    use std::io::Read;
+    let start = Instant::now();
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    // The preface, then an empty SETTINGS frame (length 0, type 4, no flags, stream 0).
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .unwrap();
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let closed = loop {
+        let left = within.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            break None;
+        }
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut buffer) {
+            Ok(0) => break Some(start.elapsed()),
+            Ok(n) => received.extend_from_slice(&buffer[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                break Some(start.elapsed())
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break None
+            }
+            Err(e) => panic!("reading from the server: {e}"),
+        }
+    };
+    // Walk the frames: 3 bytes length, 1 type, 1 flags, 4 stream id, then the payload.
+    let mut pinged = false;
+    let mut at = 0;
+    while at + 9 <= received.len() {
+        let length = u32::from_be_bytes([0, received[at], received[at + 1], received[at + 2]]);
+        let (kind, flags) = (received[at + 3], received[at + 4]);
+        // PING (type 6) without ACK (flag 1): the server asking whether we are there.
+        pinged |= kind == 6 && flags & 1 == 0;
+        at += 9 + length as usize;
+    }
+    (pinged, closed)
+}
+
+/// A client that goes silent (a stopped process, a host gone without closing its connections)
+/// is pinged after `--grpc-keepalive-interval` and cut off `--grpc-keepalive-timeout` later, so
+/// its watches and streams do not stay for ever; the defaults (etcd's: 2 h, 20 s) leave a
+/// connection that is merely quiet alone.
+#[test]
+fn a_silent_client_is_pinged_and_cut_off() {
+    let dir = scratch("server-keepalive");
+    let server = ServerProcess::start_with(
+        "127.0.0.1:0",
+        &dir.join("short"),
+        &[
+            "--grpc-keepalive-interval",
+            "1s",
+            "--grpc-keepalive-timeout",
+            "1s",
+        ],
+    );
+    let (pinged, closed) = silent_client(&server.addr, Duration::from_secs(10));
+    assert!(pinged, "the server never pinged the silent client");
+    let closed = closed.expect("the server kept a silent client's connection for 10 s");
+    assert!(
+        closed >= Duration::from_millis(1900),
+        "closed after {closed:?}, before the interval and the timeout had passed"
+    );
+    // Other clients are served as before.
+    assert_eq!(ctl(&server, &["put", "k", "v"]), "OK\n");
+
+    let quiet = ServerProcess::start("127.0.0.1:0", &dir.join("default"));
+    let (pinged, closed) = silent_client(&quiet.addr, Duration::from_secs(3));
+    assert!(
+        !pinged && closed.is_none(),
+        "default keepalive: pinged {pinged}, closed {closed:?}"
+    );
 }

@@ -37,6 +37,12 @@ pub struct ServerConfig {
     pub snapshot_every: u64,
     /// How often idle watchers that asked for progress notifications get one.
     pub progress_interval: Duration,
+    /// How long a client connection may be silent before the server pings it (HTTP/2 PING).
+    pub keepalive_interval: Duration,
+    /// How long the server waits for a ping's answer before it closes the connection: a
+    /// client that vanished without closing (a host gone, a network cut, a stopped process)
+    /// then lets go of its watches and streams.
+    pub keepalive_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -49,6 +55,9 @@ impl ServerConfig {
             snapshot_every: 10_000,
             // etcd's default.
             progress_interval: Duration::from_secs(600),
+            // etcd's defaults (--grpc-keepalive-interval, --grpc-keepalive-timeout).
+            keepalive_interval: Duration::from_secs(2 * 60 * 60),
+            keepalive_timeout: Duration::from_secs(20),
         }
     }
 
@@ -67,6 +76,11 @@ impl ServerConfig {
         if self.progress_interval.is_zero() {
             return Err(ServerError::Config(
                 "the progress interval must be positive".into(),
+            ));
+        }
+        if self.keepalive_interval.is_zero() || self.keepalive_timeout.is_zero() {
+            return Err(ServerError::Config(
+                "the keepalive interval and timeout must be positive".into(),
             ));
         }
         Ok(())

@@ -42,6 +42,10 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    let (keepalive_interval, keepalive_timeout) = (
+        node.config.keepalive_interval,
+        node.config.keepalive_timeout,
+    );
     let service = Service { node };
     // tonic applies its TCP options only to sockets it accepts itself: without TCP_NODELAY,
     // a small response (a watch event, a txn's answer) can wait for a delayed ACK (~40 ms).
@@ -52,6 +56,8 @@ pub async fn serve(
         })
     });
     tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(keepalive_interval))
+        .http2_keepalive_timeout(Some(keepalive_timeout))
         .layer(tower::util::MapResponseLayer::new(answer_as_grpc_go))
         .add_service(KvServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(LeaseServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
