@@ -44,7 +44,7 @@ pub enum BackendUrl {
     /// A PostgreSQL database (`postgres://` or `postgresql://`, libpq's URL form).
     Postgres {
         /// The URL without baton's own `schema` parameter (passwords stay in it: never print
-        /// it, see [`redact`]).
+        /// it as it is; baton's own errors show it with the password masked).
         url: String,
         /// The schema baton's tables live in (`schema=NAME`, default `baton`).
         schema: String,
