@@ -42,10 +42,6 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let (keepalive_interval, keepalive_timeout) = (
-        node.config.keepalive_interval,
-        node.config.keepalive_timeout,
-    );
     let service = Service { node };
     // tonic applies its TCP options only to sockets it accepts itself: without TCP_NODELAY,
     // a small response (a watch event, a txn's answer) can wait for a delayed ACK (~40 ms).
@@ -56,8 +52,8 @@ pub async fn serve(
         })
     });
     tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(keepalive_interval))
-        .http2_keepalive_timeout(Some(keepalive_timeout))
+        .http2_keepalive_interval(Some(service.node.config.keepalive_interval))
+        .http2_keepalive_timeout(Some(service.node.config.keepalive_timeout))
         .layer(tower::util::MapResponseLayer::new(answer_as_grpc_go))
         .add_service(KvServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(LeaseServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
