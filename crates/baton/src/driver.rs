@@ -983,6 +983,10 @@ impl<Q: Queue> CandidateDriver<Q> {
                 .watch_predecessor(&self.entrant, &own, position, entry, *ahead_position, at)
                 .await?;
             self.predecessor_watch = Some(watch);
+            self.queue
+                .stats()
+                .predecessor_watches
+                .fetch_add(1, Ordering::Relaxed);
         } else {
             self.predecessor_watch = None;
         }

@@ -9,6 +9,7 @@ pub(crate) struct Stats {
     pub(crate) renewals: AtomicU64,
     pub(crate) watch_events: AtomicU64,
     pub(crate) wakeups: AtomicU64,
+    pub(crate) predecessor_watches: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -22,6 +23,9 @@ pub struct StatsSnapshot {
     pub watch_events: u64,
     /// Times a waiting candidate was woken because its predecessor went away.
     pub wakeups: u64,
+    /// Times a waiting candidate began to watch the entry ahead of it (once it has, it is
+    /// queued and waits without further requests until that entry goes).
+    pub predecessor_watches: u64,
 }
 
 impl Stats {
@@ -35,6 +39,7 @@ impl Stats {
             renewals: self.renewals.load(Ordering::Relaxed),
             watch_events: self.watch_events.load(Ordering::Relaxed),
             wakeups: self.wakeups.load(Ordering::Relaxed),
+            predecessor_watches: self.predecessor_watches.load(Ordering::Relaxed),
         }
     }
 }

@@ -537,10 +537,26 @@ async fn herd(args: HerdArgs) -> anyhow::Result<()> {
                 )
             })
     };
-    // Let every waiter queue: wait until campaign traffic has been quiet for a second.
+    // Let every waiter queue: each watches the entry ahead of it, and the last requests that
+    // takes are out (no request for half a second, or 5 s at most: where waiters poll, on
+    // PostgreSQL behind a pooler, the traffic never goes quiet).
+    let watching = |backends: &[Backend]| {
+        backends
+            .iter()
+            .map(|b| b.stats().predecessor_watches)
+            .sum::<u64>()
+    };
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while watching(&backends) < args.waiters as u64 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .context("the waiters did not all queue within 120s")?;
+    let quiet_by = Instant::now() + Duration::from_secs(5);
     let mut last = totals(&backends);
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+    while Instant::now() < quiet_by {
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let now = totals(&backends);
         if now == last {
             break;

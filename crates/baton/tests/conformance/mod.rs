@@ -500,8 +500,12 @@ pub async fn check_one_resign_wakes_one_of_many_waiters(
     connections: usize,
 ) {
     let name = unique("many");
+    // Queueing this many candidates from one test process keeps its runtime busy for seconds
+    // on a small host (on ZooKeeper every one of them lists the queue), which a 2 s lease may
+    // not outlive; this check is about who a resign wakes, so the leases are long.
+    let long = config().with_ttl(Duration::from_secs(10));
     let leader_backend = Backend::connect(url).await.unwrap();
-    let leader = Election::new(&leader_backend, &name, config())
+    let leader = Election::new(&leader_backend, &name, long.clone())
         .unwrap()
         .campaign("leader")
         .await
@@ -512,18 +516,12 @@ pub async fn check_one_resign_wakes_one_of_many_waiters(
     }
     let mut candidacies = Vec::new();
     for i in 0..waiters {
-        let election = Election::new(&backends[i % connections], &name, config()).unwrap();
+        let election = Election::new(&backends[i % connections], &name, long.clone()).unwrap();
         candidacies.push(election.candidacy(&format!("w{i}")).unwrap());
     }
-    // Every waiter queued behind its predecessor.
+    settled(&backends, waiters).await;
     let observer = Election::new(&leader_backend, &name, config()).unwrap();
-    within("all queued", Duration::from_secs(60), async {
-        while observer.participants().await.unwrap().len() < waiters + 1 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(observer.participants().await.unwrap().len(), waiters + 1);
     let wakeups = |b: &[Backend]| b.iter().map(|b| b.stats().wakeups).sum::<u64>();
     let events = |b: &[Backend]| b.iter().map(|b| b.stats().watch_events).sum::<u64>();
     let (wakeups_before, events_before) = (wakeups(&backends), events(&backends));
@@ -555,6 +553,23 @@ pub async fn check_one_resign_wakes_one_of_many_waiters(
     }
 }
 
+/// Waits until every one of `waiters` candidates on `backends` watches the entry ahead of it:
+/// from then on the queue is still until somebody leaves it.
+async fn settled(backends: &[Backend], waiters: usize) {
+    let watching = || {
+        backends
+            .iter()
+            .map(|b| b.stats().predecessor_watches)
+            .sum::<u64>()
+    };
+    within("every waiter watches", Duration::from_secs(60), async {
+        while watching() < waiters as u64 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
 pub async fn check_one_resign_wakes_exactly_one_waiter(url: &str, waiters: usize) {
     let name = unique("herd");
     let leader_backend = Backend::connect(url).await.unwrap();
@@ -573,8 +588,7 @@ pub async fn check_one_resign_wakes_exactly_one_waiter(url: &str, waiters: usize
         }));
         backends.push(backend);
     }
-    // Let every waiter queue behind its predecessor.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    settled(&backends, waiters).await;
     let before: u64 = backends.iter().map(|b| b.stats().wakeups).sum();
     let events_before: u64 = backends.iter().map(|b| b.stats().watch_events).sum();
     leader.resign().await;
