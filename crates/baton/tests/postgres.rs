@@ -411,6 +411,71 @@ async fn one_release_costs_the_same_few_statements_at_50_and_1000_waiters() {
     assert!(costs[1] <= costs[0] + 2, "grows with waiters: {costs:?}");
 }
 
+/// Behind PgBouncer (waiters poll) handoffs that follow each other at once are each noticed
+/// within the polling cadence, not only the first: a waiter looks at the entry ahead of it
+/// more often the closer that entry is to leading, so it has caught up with its place by the
+/// time the line reaches it. (It looked every 5 s until its entry became next in line, and
+/// each leader after the first that resigned within 5 s of winning waited up to 5 s for its
+/// successor.)
+#[tokio::test]
+async fn quick_handoffs_behind_pgbouncer_are_each_noticed_soon() {
+    let url = format!("{}?schema=baton_test_pgbouncer", pgbouncer());
+    let name = conformance::unique("quick-handoffs");
+    let config = conformance::config().with_ttl(Duration::from_secs(30));
+    let mut backends = Vec::new();
+    let mut candidacies = Vec::new();
+    for id in ["a", "b", "c", "d", "e"] {
+        let backend = baton::Backend::connect(&url).await.unwrap();
+        let election = baton::Election::new(&backend, &name, config.clone()).unwrap();
+        candidacies.push(election.candidacy(id).unwrap());
+        backends.push(backend);
+        // Queued in this order.
+        let queued = baton::Election::new(&backends[0], &name, config.clone()).unwrap();
+        conformance::within("queued", Duration::from_secs(10), async {
+            while queued.participants().await.unwrap().len() < candidacies.len() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+    let mut term = conformance::within("a leads", Duration::from_secs(5), candidacies[0].next())
+        .await
+        .unwrap();
+    // Every waiter has had its first look (and set its cadence by its place in line).
+    conformance::within("b to e watch", Duration::from_secs(10), async {
+        while backends[1..]
+            .iter()
+            .map(|b| b.stats().predecessor_watches)
+            .sum::<u64>()
+            < 4
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    for (next, candidacy) in candidacies.iter_mut().enumerate().skip(1) {
+        let resigned = std::time::Instant::now();
+        term.resign().await;
+        term = conformance::within(
+            "the next waiter leads",
+            Duration::from_secs(10),
+            candidacy.next(),
+        )
+        .await
+        .unwrap();
+        let took = resigned.elapsed();
+        // The cadence behind the leader is 250 ms, 500 ms, 750 ms...; 5 s was the old one.
+        assert!(
+            took < Duration::from_millis(2_500),
+            "handoff {next} took {took:?}"
+        );
+    }
+    term.resign().await;
+    for candidacy in candidacies {
+        candidacy.resign().await;
+    }
+}
+
 /// A restored backup hands a session id out again: the holder of the old session with that id
 /// must not have its renewals keep the new one alive (each session has a random key its
 /// renewals prove). Its lease ends at its local deadline.

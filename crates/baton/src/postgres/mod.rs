@@ -24,7 +24,8 @@
 //!   only single statements or short explicit transactions are used, so everything works
 //!   except LISTEN. A probe notification tells whether notifications reach the LISTEN
 //!   connection; where they do not, watchers poll instead (every 250 ms on the leader's entry,
-//!   every 5 s on others), so a graceful handoff can take up to 250 ms longer.
+//!   250 ms times its place in line on others, at most every 5 s), so a graceful handoff can
+//!   take up to 250 ms longer.
 //! - **Fencing**: a fenced transaction locks the leader's entry row (`FOR UPDATE`), so the
 //!   entry cannot be deleted (and no successor can lead) until the transaction ends.
 
@@ -76,11 +77,25 @@ const POOL_GROW_AFTER: Duration = Duration::from_millis(20);
 const POOL_MENDING: Duration = Duration::from_secs(1);
 
 /// Without notifications (behind a transaction-mode pooler), how often a waiter looks at the
-/// leader's entry it waits on: the most a graceful handoff can be delayed.
+/// leader's entry it waits on: the most a graceful handoff can be delayed. An entry further
+/// back is looked at this often times its place in line (the next in line's entry every
+/// 500 ms, and so on), so a waiter has caught up with its place by the time the line has
+/// moved up to it, also when handoffs follow each other quickly.
 const POLL_FAST: Duration = Duration::from_millis(250);
 
-/// Without notifications, how often any other watched entry is looked at.
+/// Without notifications, the longest pause between looks at a watched entry.
 const POLL_SLOW: Duration = Duration::from_secs(5);
+
+/// How often a waiter without notifications looks at an entry with `ahead` entries before it.
+fn poll_cadence(ahead: u32) -> Duration {
+    POLL_FAST
+        .saturating_mul(ahead.saturating_add(1))
+        .min(POLL_SLOW)
+}
+
+/// Entries ahead of a watched one that a look counts: enough for [`poll_cadence`] to reach
+/// [`POLL_SLOW`].
+const AHEAD_COUNTED: u32 = 20;
 
 /// How long the notification connection's probe may take before notifications are taken not
 /// to arrive. Generous: a busy database (a storm of campaigns, each notifying) can hold a
@@ -1427,8 +1442,9 @@ impl Queue for PgBackend {
 ///   removing expired sessions then: a crashed holder is noticed by its successor, no cron job
 ///   needed. Entries on our own sessions need no looks (our lease driver knows when they end);
 /// - without (polling): every [`POLL_FAST`] while the entry leads its election (its deletion is
-///   a handoff, or a loss its holder must hear of as soon as its successor can), else every
-///   [`POLL_SLOW`], and never later than its session is due.
+///   a handoff, or a loss its holder must hear of as soon as its successor can), further back
+///   at the [`poll_cadence`] of its place in line (our own entries, not leading: every
+///   [`POLL_SLOW`]), and never later than its session is due.
 struct WatchLooks {
     pool: Arc<Pool>,
     schema: String,
@@ -1444,11 +1460,11 @@ struct WatchLooks {
     polling: bool,
 }
 
-/// What a look found: the entry is gone, or it is there, leading or not, and its session has
-/// `left`.
+/// What a look found: the entry is gone, or it is there with `ahead` entries before it (counted
+/// up to [`AHEAD_COUNTED`]; none: it leads), and its session has `left`.
 enum Look {
     Gone,
-    There { first: bool, left: Duration },
+    There { ahead: u32, left: Duration },
 }
 
 impl WatchLooks {
@@ -1495,17 +1511,16 @@ impl WatchLooks {
                     });
                     return;
                 }
-                Ok(Look::There { first, left }) => {
+                Ok(Look::There { ahead, left }) => {
                     let due = left + Duration::from_millis(20);
-                    wait = match (self.polling, self.own, first) {
+                    wait = match (self.polling, self.own, ahead == 0) {
                         (false, false, _) => Some(due),
                         (false, true, _) => None,
                         // A leader's entry deleted behind its back: the waiter behind it sees
                         // that within POLL_FAST, so must the leader.
                         (true, true, true) => Some(POLL_FAST),
                         (true, true, false) => Some(POLL_SLOW),
-                        (true, false, true) => Some(due.min(POLL_FAST)),
-                        (true, false, false) => Some(due.min(POLL_SLOW)),
+                        (true, false, _) => Some(due.min(poll_cadence(ahead))),
                     };
                 }
                 Err(_) => {
@@ -1522,9 +1537,10 @@ impl WatchLooks {
         let s = &self.schema;
         let look = format!(
             "SELECT extract(epoch FROM ss.expires_at - clock_timestamp())::float8, \
-             NOT EXISTS (SELECT 1 FROM {s}.entries o WHERE o.election = e.election \
-             AND o.position < e.position) FROM {s}.entries e JOIN {s}.sessions ss \
-             ON ss.id = e.session WHERE e.election = $1 AND e.position = $2 AND e.name = $3"
+             (SELECT count(*) FROM (SELECT 1 FROM {s}.entries o WHERE o.election = e.election \
+             AND o.position < e.position LIMIT {AHEAD_COUNTED}) a) FROM {s}.entries e \
+             JOIN {s}.sessions ss ON ss.id = e.session \
+             WHERE e.election = $1 AND e.position = $2 AND e.name = $3"
         );
         let client = self.pool.get().await?;
         let position = self.position.0 as i64;
@@ -1549,7 +1565,7 @@ impl WatchLooks {
             }
         }
         Ok(Look::There {
-            first: row.get(1),
+            ahead: row.get::<_, i64>(1) as u32,
             left: Duration::from_secs_f64(row.get::<_, f64>(0).max(0.0)),
         })
     }
