@@ -244,6 +244,9 @@ start_pgbouncer() {
   cat >"$PGB_DIR/pgbouncer.ini" <<CONF
 [databases]
 baton = host=127.0.0.1 port=$pg_port dbname=baton
+; The same database under another name, for a test that PAUSEs it (what clients see of a
+; PgBouncer whose PostgreSQL does not answer) without holding up the others.
+paused = host=127.0.0.1 port=$pg_port dbname=baton
 [pgbouncer]
 listen_addr = 127.0.0.1
 listen_port = $port

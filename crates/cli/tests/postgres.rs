@@ -76,6 +76,54 @@ fn pg_ctl(data: &str, action: &str) {
 /// An operator terminating every connection baton has, again and again, changes no
 /// leadership: renewals reconnect before the deadline, the notification connection comes back,
 /// the waiter never starts while the leader runs, and a later handoff is as prompt as ever.
+/// A PostgreSQL that does not answer behind PgBouncer is an unreachable backend: one line and
+/// exit 2, as when PostgreSQL itself does not answer. PgBouncer completes the connection from
+/// what it knows of the server and holds the statements (here: the database PAUSEd on its
+/// console); that was "create schema timed out", exit 1.
+#[test]
+fn a_database_that_does_not_answer_behind_pgbouncer_is_unreachable() {
+    let pgbouncer = std::env::var("BATON_TEST_PGBOUNCER").expect(
+        "BATON_TEST_PGBOUNCER is not set: run the tests with scripts/test, which starts PgBouncer",
+    );
+    let addr = pgbouncer
+        .trim_start_matches("postgres://baton:baton@")
+        .trim_end_matches("/baton")
+        .to_string();
+    let url = format!("postgres://baton:baton@{addr}/paused?schema={SCHEMA}");
+    // PgBouncer learns the server's parameters on its first connection.
+    let election = unique("paused");
+    let leader = |url: &str| {
+        baton()
+            .args(["leader", "--backend", url, "--election", &election])
+            .output()
+            .unwrap()
+    };
+    assert!(leader(&url).status.success());
+    let console = |command: &str| {
+        let status = std::process::Command::new("psql")
+            .args([
+                &format!("postgres://postgres:postgres@{addr}/pgbouncer"),
+                "-c",
+                command,
+            ])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "{command}");
+    };
+    console("PAUSE paused");
+    let output = leader(&url);
+    console("RESUME paused");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("baton: error: cannot reach postgres at {addr}")),
+        "{stderr}"
+    );
+    assert!(leader(&url).status.success());
+}
+
 #[test]
 fn terminated_connections_change_no_leader() {
     let addr = postgres();

@@ -127,6 +127,15 @@ fn pg_error(operation: &'static str, error: tokio_postgres::Error) -> Error {
     // Class 08 connection exception, 40 transaction rollback, 53 insufficient resources,
     // 57 operator intervention (shutdown, terminated): transient. The rest are refusals.
     let code = db.code().code();
+    if code.starts_with("08") {
+        // No server behind the connection: PgBouncer answers so while it cannot log in to
+        // PostgreSQL ("server login has been failing", 08P01).
+        return Error::Unreachable {
+            backend: BACKEND,
+            endpoints: String::new(),
+            detail: format!("{} ({code}) (during {operation})", db.message()),
+        };
+    }
     let retryable = ["08", "40", "53", "57"].iter().any(|c| code.starts_with(c));
     Error::Backend {
         backend: BACKEND,
@@ -134,6 +143,27 @@ fn pg_error(operation: &'static str, error: tokio_postgres::Error) -> Error {
         detail: format!("{} ({code})", db.message()),
         retryable,
         source: Some(Box::new(error)),
+    }
+}
+
+/// A connect's first statements failing for want of a server: the backend is unreachable, at
+/// `label`. (A pooler in front of a stopped PostgreSQL takes the connection, then fails or
+/// holds the statements.)
+fn unreachable_at(label: &str, error: Error) -> Error {
+    match error {
+        Error::Timeout { after_ms, .. } => Error::Unreachable {
+            backend: BACKEND,
+            endpoints: label.to_string(),
+            detail: format!("no answer within {}s", after_ms / 1000),
+        },
+        Error::Unreachable {
+            endpoints, detail, ..
+        } if endpoints.is_empty() => Error::Unreachable {
+            backend: BACKEND,
+            endpoints: label.to_string(),
+            detail,
+        },
+        other => other,
     }
 }
 
@@ -647,8 +677,13 @@ impl PgBackend {
             tokens: TokenMemory::default(),
             stats,
         };
-        backend.create_schema().await?;
-        backend.pool.fill(&backend.schema).await?;
+        let unreachable = |error| unreachable_at(&backend.pool.target.label, error);
+        backend.create_schema().await.map_err(unreachable)?;
+        backend
+            .pool
+            .fill(&backend.schema)
+            .await
+            .map_err(unreachable)?;
         backend.listen().await;
         backend.mend_pool();
         Ok(backend)
