@@ -86,7 +86,8 @@ enum Command {
 /// Which election to look at.
 #[derive(Debug, Args)]
 pub struct Target {
-    /// Backend URL, for example etcd://127.0.0.1:2379/baton.
+    /// Backend URL: etcd://127.0.0.1:2379/baton, zk://127.0.0.1:2181/baton or
+    /// postgres://user:password@127.0.0.1:5432/db?schema=baton.
     #[arg(long, env = "BATON_BACKEND")]
     backend: String,
     /// Election name.
@@ -195,7 +196,8 @@ fn main() -> ExitCode {
     // (through the non-blocking writer: a stalled stderr must never stall renewals). The demo
     // shows what happens in its own view, and a failure in one line: only errors there.
     // openraft's own errors are left out: `baton server` reports a stop of its Raft node in
-    // one line of its own, where openraft writes several per failed request.
+    // one line of its own, where openraft writes several per failed request. So are the
+    // ZooKeeper client's (a line per failed connection attempt): baton says what failed.
     let level = if matches!(cli.command, Command::Demo(_)) {
         tracing::Level::ERROR
     } else {
@@ -208,7 +210,8 @@ fn main() -> ExitCode {
         .with(
             tracing_subscriber::filter::Targets::new()
                 .with_default(level)
-                .with_target("openraft", tracing::level_filters::LevelFilter::OFF),
+                .with_target("openraft", tracing::level_filters::LevelFilter::OFF)
+                .with_target("zookeeper_client", tracing::level_filters::LevelFilter::OFF),
         );
     let _ = tracing::subscriber::set_global_default(subscriber);
     let command = match cli.command {

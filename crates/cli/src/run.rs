@@ -30,7 +30,8 @@ use crate::{guard, log, open_election, serve, Exit, UsageError, EXIT_LOST};
 /// Flags of `baton run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Backend URL, for example etcd://127.0.0.1:2379/baton.
+    /// Backend URL: etcd://127.0.0.1:2379/baton, zk://127.0.0.1:2181/baton or
+    /// postgres://user:password@127.0.0.1:5432/db?schema=baton.
     #[arg(long, env = "BATON_BACKEND")]
     backend: String,
     /// Election name: one leader per name.

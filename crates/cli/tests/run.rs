@@ -314,6 +314,9 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         "leader --backend memory://x --election e",
         "bench herd --backend memory://x",
         "run --backend zk://127.0.0.1:1/x --election e -- true",
+        // Accepts connections and never answers: one line too (not the ZooKeeper client's
+        // warnings for each attempt before it).
+        "run --backend zk://SILENT/x --election e -- true",
         "run --backend zk://127.0.0.1:2181/zookeeper/x --election e -- true",
         "leader --backend zk://127.0.0.1:2181/a//b --election e",
         "run --backend ZK --election e --ttl 1s -- true",
@@ -335,6 +338,9 @@ fn bad_input_gets_one_line_and_exit_code_2() {
     // ZooKeeper's session bounds (2 s to 60 s on the test server) are
     // read from the server: a TTL outside them is refused before anything is created.
     let zk = format!("zk://{}/baton-cli-test", zookeeper());
+    // Kept open (never accepted from) for the whole loop.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = listener.local_addr().unwrap().to_string();
     for case in cases {
         // Only the etcd API insists on whole seconds.
         if case.contains("1500ms") && !speaks_etcd() {
@@ -345,7 +351,9 @@ fn bad_input_gets_one_line_and_exit_code_2() {
             .map(|arg| match arg {
                 "URL" => url.clone(),
                 "ZK" => zk.clone(),
-                _ => arg.replace("@PG/", &format!("@{pg}/")),
+                _ => arg
+                    .replace("@PG/", &format!("@{pg}/"))
+                    .replace("SILENT", &silent),
             })
             .collect();
         let output = baton().args(&args).output().unwrap();
