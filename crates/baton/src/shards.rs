@@ -515,7 +515,7 @@ impl Member {
                         Ok(leadership) => _membership = Some(leadership),
                         // Our place in the membership was lost (the lease expired while the
                         // backend could not be reached, or we were paused): join again.
-                        Err(error @ (Error::CampaignLost(_) | Error::Backend { retryable: true, .. } | Error::Timeout { .. })) => {
+                        Err(error @ (Error::CampaignLost(_) | Error::Backend { retryable: true, .. } | Error::Unreachable { .. } | Error::Timeout { .. })) => {
                             tracing::warn!("shard group {}: membership lost ({error}); joining again", self.group);
                             tokio::time::sleep(RETRY_PAUSE).await;
                             match self.members.candidacy_with(&self.id, self.value.clone()) {

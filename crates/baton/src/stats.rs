@@ -14,6 +14,7 @@ pub(crate) struct Stats {
 
 /// A copy of the counters at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StatsSnapshot {
     /// Requests sent to the backend: unary calls, watch creations, lease grants and revokes.
     pub requests: u64,
@@ -23,8 +24,9 @@ pub struct StatsSnapshot {
     pub watch_events: u64,
     /// Times a waiting candidate was woken because its predecessor went away.
     pub wakeups: u64,
-    /// Times a waiting candidate began to watch the entry ahead of it (once it has, it is
-    /// queued and waits without further requests until that entry goes).
+    /// Watches placed by waiting candidates on the entry ahead of them (once a waiter has
+    /// one, it is queued; a watch placed again, after a broken one or a new campaign, counts
+    /// again).
     pub predecessor_watches: u64,
 }
 

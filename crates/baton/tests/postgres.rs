@@ -441,7 +441,7 @@ async fn quick_handoffs_behind_pgbouncer_are_each_noticed_soon() {
     let mut term = conformance::within("a leads", Duration::from_secs(5), candidacies[0].next())
         .await
         .unwrap();
-    // Every waiter has had its first look (and set its cadence by its place in line).
+    // Every waiter watches the entry ahead of it.
     conformance::within("b to e watch", Duration::from_secs(10), async {
         while backends[1..]
             .iter()

@@ -19,6 +19,7 @@ mod shards;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -196,8 +197,10 @@ fn main() -> ExitCode {
     // (through the non-blocking writer: a stalled stderr must never stall renewals). The demo
     // shows what happens in its own view, and a failure in one line: only errors there.
     // openraft's own errors are left out: `baton server` reports a stop of its Raft node in
-    // one line of its own, where openraft writes several per failed request. So are the
-    // ZooKeeper client's (a line per failed connection attempt): baton says what failed.
+    // one line of its own, where openraft writes several per failed request. The ZooKeeper
+    // client's notes are left out until the backend is connected: an ensemble that cannot be
+    // reached is baton's one-line error, not a line per attempt before it; once connected,
+    // its notes of lost connections and reconnects are shown.
     let level = if matches!(cli.command, Command::Demo(_)) {
         tracing::Level::ERROR
     } else {
@@ -210,9 +213,11 @@ fn main() -> ExitCode {
         .with(
             tracing_subscriber::filter::Targets::new()
                 .with_default(level)
-                .with_target("openraft", tracing::level_filters::LevelFilter::OFF)
-                .with_target("zookeeper_client", tracing::level_filters::LevelFilter::OFF),
-        );
+                .with_target("openraft", tracing::level_filters::LevelFilter::OFF),
+        )
+        .with(tracing_subscriber::filter::filter_fn(|meta| {
+            !meta.target().starts_with("zookeeper_client") || CONNECTED.load(Ordering::Relaxed)
+        }));
     let _ = tracing::subscriber::set_global_default(subscriber);
     let command = match cli.command {
         Command::Server(args) => {
@@ -369,8 +374,13 @@ pub async fn connect(backend_url: &str) -> anyhow::Result<Backend> {
         ))
         .into());
     }
-    Ok(Backend::connect(backend_url).await?)
+    let backend = Backend::connect(backend_url).await?;
+    CONNECTED.store(true, Ordering::Relaxed);
+    Ok(backend)
 }
+
+/// A backend has been connected: the ZooKeeper client's notes are shown from now on.
+static CONNECTED: AtomicBool = AtomicBool::new(false);
 
 /// The config used only to look at an election (validated, never campaigned with).
 fn inspect_config() -> ElectionConfig {

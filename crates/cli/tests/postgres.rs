@@ -73,9 +73,6 @@ fn pg_ctl(data: &str, action: &str) {
     assert!(status.success(), "pg_ctl {action}: {status}");
 }
 
-/// An operator terminating every connection baton has, again and again, changes no
-/// leadership: renewals reconnect before the deadline, the notification connection comes back,
-/// the waiter never starts while the leader runs, and a later handoff is as prompt as ever.
 /// A PostgreSQL that does not answer behind PgBouncer is an unreachable backend: one line and
 /// exit 2, as when PostgreSQL itself does not answer. PgBouncer completes the connection from
 /// what it knows of the server and holds the statements (here: the database PAUSEd on its
@@ -124,21 +121,29 @@ fn a_database_that_does_not_answer_behind_pgbouncer_is_unreachable() {
     assert!(leader(&url).status.success());
 }
 
+/// An operator terminating every connection baton has, again and again, changes no
+/// leadership: renewals reconnect before the deadline, the notification connection comes back,
+/// the waiter never starts while the leader runs, and a later handoff is as prompt as ever.
 #[test]
 fn terminated_connections_change_no_leader() {
     let addr = postgres();
     let dir = scratch("pg-terminate");
     let election = unique("terminate");
-    let leader = Runner::start(&url_at(&addr), &election, "2s", &dir, "l");
+    // Only this test's connections are terminated, not those of tests running beside it.
+    let app = format!("baton-{election}");
+    let url = format!("{}&application_name={app}", url_at(&addr));
+    let leader = Runner::start(&url, &election, "2s", &dir, "l");
     let token = leader.wait_running(Duration::from_secs(5));
-    let waiter = Runner::start(&url_at(&addr), &election, "2s", &dir, "w");
+    let waiter = Runner::start(&url, &election, "2s", &dir, "w");
     std::thread::sleep(Duration::from_millis(500));
     let mut terminated = 0;
     for _ in 0..6 {
         let ended = sql(
             &addr,
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE application_name = 'baton' AND pid <> pg_backend_pid()",
+            &format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = '{app}' AND pid <> pg_backend_pid()"
+            ),
         );
         terminated += ended.len();
         std::thread::sleep(Duration::from_millis(500));

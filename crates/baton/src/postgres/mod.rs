@@ -124,10 +124,11 @@ fn pg_error(operation: &'static str, error: tokio_postgres::Error) -> Error {
             detail: format!("{} (during {operation})", one_line(&error)),
         };
     };
-    // Class 08 connection exception, 40 transaction rollback, 53 insufficient resources,
-    // 57 operator intervention (shutdown, terminated): transient. The rest are refusals.
+    // Class 08 connection exception (unreachable, above), 40 transaction rollback, 53
+    // insufficient resources, 57 operator intervention (shutdown, terminated): transient. The
+    // rest are refusals.
     let code = db.code().code();
-    if code.starts_with("08") {
+    if is_connection_exception(code) {
         // No server behind the connection: PgBouncer answers so while it cannot log in to
         // PostgreSQL ("server login has been failing", 08P01).
         return Error::Unreachable {
@@ -136,7 +137,7 @@ fn pg_error(operation: &'static str, error: tokio_postgres::Error) -> Error {
             detail: format!("{} ({code}) (during {operation})", db.message()),
         };
     }
-    let retryable = ["08", "40", "53", "57"].iter().any(|c| code.starts_with(c));
+    let retryable = ["40", "53", "57"].iter().any(|c| code.starts_with(c));
     Error::Backend {
         backend: BACKEND,
         operation,
@@ -146,16 +147,15 @@ fn pg_error(operation: &'static str, error: tokio_postgres::Error) -> Error {
     }
 }
 
-/// A connect's first statements failing for want of a server: the backend is unreachable, at
-/// `label`. (A pooler in front of a stopped PostgreSQL takes the connection, then fails or
-/// holds the statements.)
+/// SQLSTATE class 08, connection exception: no server behind the connection. PgBouncer answers
+/// so while it cannot log in to PostgreSQL ("server login has been failing", 08P01).
+fn is_connection_exception(code: &str) -> bool {
+    code.starts_with("08")
+}
+
+/// An unreachable backend's error, naming `label` when it came from an established connection.
 fn unreachable_at(label: &str, error: Error) -> Error {
     match error {
-        Error::Timeout { after_ms, .. } => Error::Unreachable {
-            backend: BACKEND,
-            endpoints: label.to_string(),
-            detail: format!("no answer within {}s", after_ms / 1000),
-        },
         Error::Unreachable {
             endpoints, detail, ..
         } if endpoints.is_empty() => Error::Unreachable {
@@ -270,6 +270,13 @@ async fn open(target: &Target, notices: Option<mpsc::UnboundedSender<String>>) -
     if let Some(db) = error.as_db_error() {
         let code = db.code().code();
         let detail = format!("{} ({code})", db.message());
+        if is_connection_exception(code) {
+            return Err(Error::Unreachable {
+                backend: BACKEND,
+                endpoints: target.label.clone(),
+                detail,
+            });
+        }
         // Too many connections, the server starting or shutting down: an outage to wait out.
         if code.starts_with("53") || code.starts_with("57") {
             return Err(Error::Backend {
@@ -702,12 +709,25 @@ impl PgBackend {
                     AND catcode <> 'U'), EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1), \
                     EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = \
                     c.relnamespace WHERE n.nspname = $1 AND c.relname = 'meta')";
+        // The connect's first statement: a pooler in front of a PostgreSQL that does not answer
+        // takes the connection, then holds the statement. No answer is an unreachable backend.
         let row = bounded(
             &self.stats,
             OP,
             client.query_typed_one(look, &[p(&self.schema)]),
         )
-        .await?;
+        .await
+        .map_err(|error| match error {
+            Error::Timeout { after_ms, .. } => Error::Unreachable {
+                backend: BACKEND,
+                endpoints: self.pool.target.label.clone(),
+                detail: format!(
+                    "no answer to the first statement within {}s",
+                    after_ms / 1000
+                ),
+            },
+            other => other,
+        })?;
         if row.get::<_, bool>(0) {
             return Err(Error::InvalidUrl {
                 url: format!("schema={}", self.schema),
