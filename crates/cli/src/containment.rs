@@ -247,13 +247,16 @@ impl Cage {
         self.members().is_empty()
     }
 
-    /// Sends `signal` to every member of the cgroup.
-    pub fn signal_members(&self, signal: libc::c_int) {
+    /// Sends `signal` to every member of the cgroup; returns the processes it went to.
+    pub fn signal_members(&self, signal: libc::c_int) -> Vec<Process> {
+        let mut sent = Vec::new();
         for pid in self.members() {
             if let Some(process) = process(pid) {
                 send(&process, signal);
+                sent.push(process);
             }
         }
+        sent
     }
 
     /// SIGKILLs every member of the cgroup, in a way a forking member cannot race.
@@ -274,7 +277,7 @@ impl Cage {
                     }
                     std::thread::sleep(std::time::Duration::from_micros(200));
                 }
-                self.signal_members(libc::SIGKILL);
+                let _ = self.signal_members(libc::SIGKILL);
                 let _ = std::fs::write(&state, "THAWED");
             }
             Kind::Subreaper => {}
@@ -628,6 +631,11 @@ pub fn children_of(pid: i32) -> Vec<i32> {
 /// Sends `signal` to every live descendant of `root` except `skip`; returns how many there were.
 pub fn signal_tree(root: i32, signal: libc::c_int, skip: Option<i32>) -> usize {
     signal_all(&descendants(root), signal, skip)
+}
+
+/// Whether `a` and `b` are the same process (PID and start time).
+pub fn same_process(a: &Process, b: &Process) -> bool {
+    a.pid == b.pid && a.start == b.start
 }
 
 /// Sends `signal` to every live process of `processes` except `skip`; returns how many.

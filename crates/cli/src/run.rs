@@ -557,12 +557,17 @@ impl Running {
         self.kill_all(grace).await;
     }
 
-    /// Sends `signal` to every process of the containment except the guard (which ignores
-    /// stop signals): the cgroup's members and every descendant, including orphans that were
-    /// re-parented to us.
+    /// Sends `signal` once to every process of the containment except the guard (which
+    /// ignores stop signals): the cgroup's members and every descendant, including orphans
+    /// that were re-parented to us. (A process found both ways gets it once: a SIGTERM handler
+    /// that ran twice could do its cleanup twice.)
     pub(crate) fn signal(&self, signal: libc::c_int) {
-        self.cage.signal_members(signal);
-        containment::signal_tree(std::process::id() as i32, signal, Some(self.guard));
+        let sent = self.cage.signal_members(signal);
+        let rest: Vec<containment::Process> = containment::descendants(std::process::id() as i32)
+            .into_iter()
+            .filter(|p| !sent.iter().any(|s| containment::same_process(s, p)))
+            .collect();
+        containment::signal_all(&rest, signal, Some(self.guard));
     }
 
     /// Tells the guard about a later local deadline, without ever blocking: if the pipe is

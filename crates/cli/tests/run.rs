@@ -365,6 +365,37 @@ fn bad_input_gets_one_line_and_exit_code_2() {
     }
 }
 
+/// A graceful stop sends SIGTERM once to each process of the command: a trap runs once (each
+/// process found both in the cgroup and in the process tree got it twice, 1-2 ms apart, and a
+/// handler that had run already ran again; found by a helper attack on `baton shards`).
+#[test]
+fn a_graceful_stop_signals_each_process_once() {
+    let dir = scratch("term-once");
+    let election = unique("term-once");
+    let log = dir.join("terms");
+    let ready = dir.join("ready");
+    // A busy loop of builtins: the shell runs its trap at once on each SIGTERM.
+    let script = format!(
+        "trap 'echo term >> {}' TERM; touch {}; while :; do :; done",
+        log.display(),
+        ready.display()
+    );
+    let mut child = run_script(&election, &["--grace", "1s"], &script)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(started.elapsed() < Duration::from_secs(10), "never led");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(child.id() as i32, libc::SIGTERM);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143), "{status:?}");
+    let terms = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(terms.lines().count(), 1, "SIGTERMs seen: {terms:?}");
+}
+
 #[test]
 fn requeue_runs_the_command_again_with_a_larger_token_after_a_loss() {
     let dir = scratch("requeue");
