@@ -198,7 +198,10 @@ async fn member(args: MemberArgs) -> anyhow::Result<()> {
         })?;
     note(
         &group,
-        format_args!("joined as {id:?}; {count} shards in the group; containment: {described}"),
+        format_args!(
+            "joined as {id:?}; {count} shard{} in the group; containment: {described}",
+            if count == 1 { "" } else { "s" }
+        ),
     );
     let spec = Spec {
         group: group.clone(),
