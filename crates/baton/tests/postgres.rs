@@ -442,17 +442,7 @@ async fn quick_handoffs_behind_pgbouncer_are_each_noticed_soon() {
         .await
         .unwrap();
     // Every waiter watches the entry ahead of it.
-    conformance::within("b to e watch", Duration::from_secs(10), async {
-        while backends[1..]
-            .iter()
-            .map(|b| b.stats().predecessor_watches)
-            .sum::<u64>()
-            < 4
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    conformance::settled(&backends[1..], 4).await;
     for (next, candidacy) in candidacies.iter_mut().enumerate().skip(1) {
         let resigned = std::time::Instant::now();
         term.resign().await;

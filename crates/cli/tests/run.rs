@@ -384,11 +384,9 @@ fn a_graceful_stop_signals_each_process_once() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let started = std::time::Instant::now();
-    while !ready.exists() {
-        assert!(started.elapsed() < Duration::from_secs(10), "never led");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for("the command starts", Duration::from_secs(10), || {
+        ready.exists().then_some(())
+    });
     signal(child.id() as i32, libc::SIGTERM);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(143), "{status:?}");

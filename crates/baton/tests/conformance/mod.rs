@@ -555,7 +555,7 @@ pub async fn check_one_resign_wakes_one_of_many_waiters(
 
 /// Waits until every one of `waiters` candidates on `backends` watches the entry ahead of it:
 /// from then on the queue is still until somebody leaves it.
-async fn settled(backends: &[Backend], waiters: usize) {
+pub async fn settled(backends: &[Backend], waiters: usize) {
     let watching = || {
         backends
             .iter()
