@@ -337,8 +337,10 @@ impl Runner {
     }
 
     /// Kills the supervised command itself (the deepest process under the supervisor), so the
-    /// supervisor sees its command exit.
-    fn end_command(&self) -> anyhow::Result<()> {
+    /// supervisor sees its command exit; returns when it was killed. The handoff counts from
+    /// there: the walk of /proc that finds the command is the benchmark's own work, deeper
+    /// under `baton run` (supervisor, guard, command) than under `etcdctl lock`.
+    fn end_command(&self) -> anyhow::Result<Instant> {
         let mut pid = self.child.id();
         let mut depth = 0;
         while let Some(child) = first_child(pid) {
@@ -348,11 +350,12 @@ impl Runner {
         if depth == 0 {
             bail!("supervisor {} has no command running", self.child.id());
         }
+        let at = Instant::now();
         // SAFETY: kill has no memory-safety preconditions.
         unsafe {
             libc::kill(pid as i32, libc::SIGKILL);
         }
-        Ok(())
+        Ok(at)
     }
 
     /// Stops it (see the `Drop` below, which also runs when a benchmark fails half-way).
@@ -465,12 +468,13 @@ async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyho
             let waiter = Runner::start_with(tool, &url, &election, ttl, &dir, &name, round as u64)?;
             // Let the waiter queue up behind the leader.
             std::thread::sleep(Duration::from_millis(300));
-            let sent = Instant::now();
-            if command_exit {
-                leader.end_command()?;
+            let sent = if command_exit {
+                leader.end_command()?
             } else {
+                let at = Instant::now();
                 leader.signal(signal);
-            }
+                at
+            };
             let (started, token) = waiter.wait_started(ttl * 3 + Duration::from_secs(5))?;
             if token <= last_token {
                 bail!("token did not increase: {token} after {last_token}");
