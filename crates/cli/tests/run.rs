@@ -321,6 +321,12 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         "leader --backend zk://127.0.0.1:2181/a//b --election e",
         "run --backend ZK --election e --ttl 1s -- true",
         "run --backend ZK --election e --ttl 100000h -- true",
+        // A program that cannot start: refused before campaigning (see the test below).
+        "run --backend URL --election e -- /no/such/program",
+        "run --backend URL --election e -- no-such-program-on-path",
+        "run --backend URL --election e -- /",
+        "run --backend URL --election e -- /etc/passwd",
+        "shards --backend URL --group g --shards 2 -- no-such-program-on-path",
     ];
     // PostgreSQL: a wrong password, a server that is not there, a bad schema name, a role
     // without the right to create baton's schema.
@@ -363,6 +369,49 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         assert!(stderr.starts_with("baton: error: "), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+}
+
+/// A command whose program cannot start (a typo, a path that is not there) is refused before
+/// the campaign: one line and exit 2, not a wait in line and then, once elected, exit 127 (with
+/// `--requeue`, a loop of winning and failing). Behind a running leader it ends at once.
+#[test]
+fn a_program_that_cannot_start_is_refused_before_campaigning() {
+    let dir = scratch("no-program");
+    let election = unique("no-program");
+    let leader = Runner::start(&url(), &election, "2s", &dir, "a");
+    leader.wait_running(Duration::from_secs(5));
+    for program in ["/no/such/program", "no-such-program-on-path"] {
+        let mut candidate = baton()
+            .args(["run", "--backend", &url(), "--election", &election])
+            .args(["--requeue", "--", program])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = wait_for("the candidate is refused", Duration::from_secs(10), || {
+            candidate.try_wait().unwrap()
+        });
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(candidate.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(2), "{program}: {stderr}");
+        let why = if program.contains('/') {
+            "no such file".to_string()
+        } else {
+            format!(
+                "command not found in PATH ({})",
+                std::env::var("PATH").unwrap()
+            )
+        };
+        assert_eq!(
+            stderr.trim(),
+            format!("baton: error: cannot start {program}: {why}")
+        );
+    }
+    let mut leader = leader;
+    assert!(
+        leader.child.try_wait().unwrap().is_none(),
+        "{}",
+        leader.stderr()
+    );
 }
 
 /// A graceful stop sends SIGTERM once to each process of the command: a trap runs once (each
