@@ -149,7 +149,41 @@ enum Unusable {
     Denied(String),
 }
 
+/// Whether `path` can be executed: the file itself, and the interpreter its `#!` line names
+/// (a script whose interpreter is missing fails at exec just as a missing program does).
 fn executable(path: &Path) -> Result<(), Unusable> {
+    permitted(path)?;
+    let Some(interpreter) = interpreter(path) else {
+        return Ok(());
+    };
+    permitted(&interpreter).map_err(|why| {
+        let why = match why {
+            Unusable::Missing => "no such file".to_string(),
+            Unusable::Denied(why) => why,
+        };
+        Unusable::Denied(format!(
+            "its #! interpreter {}: {why}",
+            interpreter.display()
+        ))
+    })
+}
+
+/// The interpreter named by a script's `#!` line; `None` for anything else, or a file that
+/// cannot be read (exec may still run a binary it cannot read).
+fn interpreter(path: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    use std::os::unix::ffi::OsStrExt;
+    let mut head = [0u8; 256];
+    let read = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
+    let line = head[..read].strip_prefix(b"#!")?;
+    let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+    let name = line
+        .split(|&b| b == b' ' || b == b'\t')
+        .find(|word| !word.is_empty())?;
+    Some(PathBuf::from(OsStr::from_bytes(name)))
+}
+
+fn permitted(path: &Path) -> Result<(), Unusable> {
     use std::os::unix::ffi::OsStrExt;
     let metadata = match std::fs::metadata(path) {
         Ok(metadata) => metadata,

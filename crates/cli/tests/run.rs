@@ -380,7 +380,24 @@ fn a_program_that_cannot_start_is_refused_before_campaigning() {
     let election = unique("no-program");
     let leader = Runner::start(&url(), &election, "2s", &dir, "a");
     leader.wait_running(Duration::from_secs(5));
-    for program in ["/no/such/program", "no-such-program-on-path"] {
+    // A script whose #! line names a missing interpreter fails at exec as a missing program
+    // does; one whose interpreter is there (after a space, with an argument) runs.
+    let write_script = |name: &str, text: &str| {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let orphan = write_script("orphan.sh", "#!/no/such/interpreter -e\nexit 0\n");
+    let fine = write_script("fine.sh", "#! /bin/sh -e\nexit 7\n");
+    let status = baton()
+        .args(["run", "--backend", &url(), "--election", &unique("fine")])
+        .args(["--", &fine])
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(7));
+    for program in ["/no/such/program", "no-such-program-on-path", &orphan] {
         let mut candidate = baton()
             .args(["run", "--backend", &url(), "--election", &election])
             .args(["--requeue", "--", program])
@@ -393,7 +410,9 @@ fn a_program_that_cannot_start_is_refused_before_campaigning() {
         let mut stderr = String::new();
         std::io::Read::read_to_string(candidate.stderr.as_mut().unwrap(), &mut stderr).unwrap();
         assert_eq!(status.code(), Some(2), "{program}: {stderr}");
-        let why = if program.contains('/') {
+        let why = if program == orphan {
+            "its #! interpreter /no/such/interpreter: no such file".to_string()
+        } else if program.contains('/') {
             "no such file".to_string()
         } else {
             format!(
