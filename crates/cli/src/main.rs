@@ -11,6 +11,7 @@ mod demo;
 mod guard;
 mod load;
 mod log;
+mod program;
 mod run;
 mod serve;
 mod server;
@@ -314,7 +315,17 @@ pub(crate) fn one_line(error: &anyhow::Error) -> String {
             parts.push(text);
         }
     }
-    parts.join(": ").replace('\n', " ")
+    // Control characters (a `\r` from a CRLF script, an escape sequence in a name) are shown
+    // escaped, never sent raw to the terminal.
+    let mut line = String::new();
+    for c in parts.join(": ").chars() {
+        match c {
+            '\n' => line.push(' '),
+            c if c.is_control() => line.extend(c.escape_default()),
+            c => line.push(c),
+        }
+    }
+    line
 }
 
 async fn dispatch(command: Command) -> anyhow::Result<()> {

@@ -9,10 +9,9 @@
 //! [`crate::log`], the guard's control pipe is non-blocking (deadlines coalesce), and a guard
 //! that stops reading it is treated as failed.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,120 +91,6 @@ pub(crate) fn default_id() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "host".into());
     format!("{host}-{}", std::process::id())
-}
-
-/// Checks, before campaigning, that CMD's program can be started here: a typo in it would
-/// otherwise show only once elected (each candidate in turn winning, failing with 127 and, with
-/// `--requeue`, campaigning again). The name is looked up as `execvp` does: one with a `/` is a
-/// path; any other is searched for in `PATH` (`/bin:/usr/bin` when unset; an empty entry is the
-/// current directory). A program removed after this check still fails at exec, with 127.
-pub(crate) fn check_program(program: &OsStr) -> Result<(), UsageError> {
-    use std::os::unix::ffi::OsStrExt;
-    let refuse = |why: String| {
-        Err(UsageError(format!(
-            "cannot start {}: {why}",
-            program.to_string_lossy()
-        )))
-    };
-    if program.is_empty() {
-        return Err(UsageError("the command is an empty string".into()));
-    }
-    if program.as_bytes().contains(&b'/') {
-        return match executable(Path::new(program)) {
-            Ok(()) => Ok(()),
-            Err(Unusable::Missing) => refuse("no such file".into()),
-            Err(Unusable::Denied(why)) => refuse(why),
-        };
-    }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
-    let mut denied = None;
-    for dir in std::env::split_paths(&path) {
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
-        };
-        match executable(&dir.join(program)) {
-            Ok(()) => return Ok(()),
-            Err(Unusable::Denied(why)) => {
-                denied.get_or_insert(format!("{}: {why}", dir.join(program).display()));
-            }
-            Err(Unusable::Missing) => {}
-        }
-    }
-    match denied {
-        Some(why) => refuse(why),
-        None if path.is_empty() => refuse("command not found (PATH is empty)".into()),
-        None => refuse(format!(
-            "command not found in PATH ({})",
-            path.to_string_lossy()
-        )),
-    }
-}
-
-/// Why a path cannot be executed.
-enum Unusable {
-    Missing,
-    Denied(String),
-}
-
-/// Whether `path` can be executed: the file itself, and the interpreter its `#!` line names
-/// (a script whose interpreter is missing fails at exec just as a missing program does).
-fn executable(path: &Path) -> Result<(), Unusable> {
-    permitted(path)?;
-    let Some(interpreter) = interpreter(path) else {
-        return Ok(());
-    };
-    permitted(&interpreter).map_err(|why| {
-        let why = match why {
-            Unusable::Missing => "no such file".to_string(),
-            Unusable::Denied(why) => why,
-        };
-        Unusable::Denied(format!(
-            "its #! interpreter {}: {why}",
-            interpreter.display()
-        ))
-    })
-}
-
-/// The interpreter named by a script's `#!` line; `None` for anything else, or a file that
-/// cannot be read (exec may still run a binary it cannot read).
-fn interpreter(path: &Path) -> Option<PathBuf> {
-    use std::io::Read;
-    use std::os::unix::ffi::OsStrExt;
-    let mut head = [0u8; 256];
-    let read = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
-    let line = head[..read].strip_prefix(b"#!")?;
-    let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
-    let name = line
-        .split(|&b| b == b' ' || b == b'\t')
-        .find(|word| !word.is_empty())?;
-    Some(PathBuf::from(OsStr::from_bytes(name)))
-}
-
-fn permitted(path: &Path) -> Result<(), Unusable> {
-    use std::os::unix::ffi::OsStrExt;
-    let metadata = match std::fs::metadata(path) {
-        Ok(metadata) => metadata,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Unusable::Missing)
-        }
-        Err(error) => return Err(Unusable::Denied(error.to_string())),
-    };
-    if metadata.is_dir() {
-        return Err(Unusable::Denied("is a directory".into()));
-    }
-    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return Err(Unusable::Denied("the name holds a NUL byte".into()));
-    };
-    // SAFETY: access reads a valid NUL-terminated path.
-    if unsafe { libc::access(c_path.as_ptr(), libc::X_OK) } != 0 {
-        return Err(Unusable::Denied(format!(
-            "not executable ({})",
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok(())
 }
 
 fn note(election: &str, message: std::fmt::Arguments<'_>) {
@@ -327,7 +212,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let id = args.id.clone().unwrap_or_else(default_id);
     let name = args.election.clone();
-    check_program(&args.command[0])?;
+    crate::program::check(&args.command[0])?;
     // Signals first: a SIGTERM during the campaign must resign, not kill us mid-way.
     let mut signals = Signals::install()?;
     let mut cont =

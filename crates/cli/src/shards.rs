@@ -163,7 +163,7 @@ async fn member(args: MemberArgs) -> anyhow::Result<()> {
     if args.command.is_empty() {
         return Err(UsageError("give the command to run for each shard after --".into()).into());
     }
-    crate::run::check_program(&args.command[0])?;
+    crate::program::check(&args.command[0])?;
     let config = ShardConfig {
         election: ElectionConfig::default()
             .with_ttl(args.ttl)

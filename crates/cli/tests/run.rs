@@ -371,6 +371,65 @@ fn bad_input_gets_one_line_and_exit_code_2() {
     }
 }
 
+/// exec decides with the effective IDs and capabilities, and so does the program check: a
+/// service run as another user with `CAP_DAC_OVERRIDE` (systemd's `User=` with
+/// `AmbientCapabilities=`) may start a program only root may execute; without it, it may not.
+/// The backend is unreachable on purpose: the check comes before connecting, so "cannot reach"
+/// says the check let the program through. (As root only: handing out capabilities needs it.)
+#[test]
+fn the_program_check_asks_with_the_credentials_exec_uses() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("program-credentials");
+    let program = dir.join("root-only");
+    std::fs::copy("/bin/true", &program).unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let program = program.to_str().unwrap();
+    let attempt = |setpriv: &[&str]| {
+        let mut command = baton();
+        command.args([
+            "run",
+            "--backend",
+            "etcd://127.0.0.1:1/x",
+            "--election",
+            "e",
+        ]);
+        command.args(["--", program]);
+        if !setpriv.is_empty() {
+            let baton = command.get_program().to_owned();
+            let args: Vec<_> = command.get_args().map(|a| a.to_owned()).collect();
+            command = std::process::Command::new("setpriv");
+            command.args(setpriv).arg("--").arg(baton).args(args);
+        }
+        let output = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(2), "{setpriv:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{setpriv:?}: {stderr}");
+        stderr
+    };
+    let passed = "baton: error: cannot reach";
+    let stderr = attempt(&[]);
+    assert!(stderr.starts_with(passed), "{stderr}");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let nobody = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+    let stderr = attempt(&nobody);
+    assert!(
+        stderr.starts_with(&format!(
+            "baton: error: cannot start {program}: not executable (Permission denied"
+        )),
+        "{stderr}"
+    );
+    let capable = [
+        &nobody[..],
+        &["--inh-caps=+dac_override", "--ambient-caps=+dac_override"],
+    ]
+    .concat();
+    let stderr = attempt(&capable);
+    assert!(stderr.starts_with(passed), "{stderr}");
+}
+
 /// A command whose program cannot start (a typo, a path that is not there) is refused before
 /// the campaign: one line and exit 2, not a wait in line and then, once elected, exit 127 (with
 /// `--requeue`, a loop of winning and failing). Behind a running leader it ends at once.
@@ -391,13 +450,20 @@ fn a_program_that_cannot_start_is_refused_before_campaigning() {
     };
     let orphan = write_script("orphan.sh", "#!/no/such/interpreter -e\nexit 0\n");
     let fine = write_script("fine.sh", "#! /bin/sh -e\nexit 7\n");
+    // Saved with Windows line endings: the interpreter is "/bin/sh\r", shown escaped.
+    let crlf = write_script("crlf.sh", "#!/bin/sh\r\nexit 0\r\n");
     let status = baton()
         .args(["run", "--backend", &url(), "--election", &unique("fine")])
         .args(["--", &fine])
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(7));
-    for program in ["/no/such/program", "no-such-program-on-path", &orphan] {
+    for program in [
+        "/no/such/program",
+        "no-such-program-on-path",
+        &orphan,
+        &crlf,
+    ] {
         let mut candidate = baton()
             .args(["run", "--backend", &url(), "--election", &election])
             .args(["--requeue", "--", program])
@@ -410,7 +476,10 @@ fn a_program_that_cannot_start_is_refused_before_campaigning() {
         let mut stderr = String::new();
         std::io::Read::read_to_string(candidate.stderr.as_mut().unwrap(), &mut stderr).unwrap();
         assert_eq!(status.code(), Some(2), "{program}: {stderr}");
-        let why = if program == orphan {
+        let why = if program == crlf {
+            "its #! interpreter /bin/sh\\r: no such file (the script has Windows line endings)"
+                .to_string()
+        } else if program == orphan {
             "its #! interpreter /no/such/interpreter: no such file".to_string()
         } else if program.contains('/') {
             "no such file".to_string()
