@@ -348,10 +348,10 @@ pub fn launch(command: &[OsString]) -> ! {
 
 /// Says on stderr that `program` cannot start; returns the exit code a shell would give.
 fn cannot_start(program: &std::ffi::OsStr, error: &std::io::Error) -> i32 {
-    let _ = writeln_stderr(&format!(
+    let _ = writeln_stderr(&crate::printable(&format!(
         "baton: error: cannot start {}: {error}",
         program.to_string_lossy()
-    ));
+    )));
     // 126/127 as the shell reports "cannot execute" / "command not found".
     if error.kind() == std::io::ErrorKind::NotFound {
         127
@@ -391,6 +391,13 @@ fn init_main(mut cmd: Command, program: &std::ffi::OsStr) -> ! {
             )
         };
     };
+    // A closure, even one that does nothing, makes std fork and call execvp, as the other
+    // ways of starting CMD do, not posix_spawnp: only execvp runs a script without a `#!`
+    // line with /bin/sh (posix_spawnp fails it with "Exec format error").
+    // SAFETY: the closure makes no call at all.
+    unsafe {
+        cmd.pre_exec(|| Ok(()));
+    }
     let cmd_pid = match cmd.spawn() {
         Ok(child) => child.id() as i32,
         // Nothing else runs here: our exit status carries the code to the guard.

@@ -315,12 +315,17 @@ pub(crate) fn one_line(error: &anyhow::Error) -> String {
             parts.push(text);
         }
     }
-    // Control characters (a `\r` from a CRLF script, an escape sequence in a name) are shown
-    // escaped, never sent raw to the terminal.
-    let mut line = String::new();
-    for c in parts.join(": ").chars() {
+    printable(&parts.join(": "))
+}
+
+/// `text` on one line for a terminal: line breaks and tabs become spaces, other control
+/// characters (a `\r` from a script saved with Windows line endings, an escape sequence in a
+/// name) are shown escaped, never sent raw.
+pub(crate) fn printable(text: &str) -> String {
+    let mut line = String::with_capacity(text.len());
+    for c in text.replace("\r\n", "\n").chars() {
         match c {
-            '\n' => line.push(' '),
+            '\n' | '\t' => line.push(' '),
             c if c.is_control() => line.extend(c.escape_default()),
             c => line.push(c),
         }
@@ -489,5 +494,18 @@ where
         write!(writer, "baton: {level}: ")?;
         ctx.field_format().format_fields(writer.by_ref(), event)?;
         writeln!(writer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn printable_keeps_one_line_and_escapes_control_characters() {
+        assert_eq!(printable("a\r\nb\nc\td"), "a b c d");
+        assert_eq!(printable("/bin/sh\r: x"), "/bin/sh\\r: x");
+        assert_eq!(printable("\u{1b}[31mred\0"), "\\u{1b}[31mred\\u{0}");
+        assert_eq!(printable("é ✓"), "é ✓");
     }
 }

@@ -7,9 +7,11 @@
 //! when unset; an empty entry is the current directory), going on past entries exec would go
 //! on past (missing, not executable) and stopping where exec stops (a symlink loop, say).
 //! Execute permission is asked with the effective IDs and capabilities, as exec uses them. A
-//! script's `#!` interpreter is checked the same way, a few levels deep. What it cannot
-//! foresee (a program removed after the check, an `env` in the `#!` line that finds nothing)
-//! still fails at exec, with 127.
+//! script's `#!` interpreter is checked the same way, a few levels deep. An error the check
+//! cannot read for certain (a sandbox that blocks `faccessat2` with EPERM, an I/O error) lets
+//! the program through: exec decides. What it cannot foresee (a program removed after the
+//! check, an `env` in the `#!` line that finds nothing, a `binfmt_misc` handler) still fails at
+//! exec, with 127 or 126.
 
 use std::ffi::{CString, OsStr};
 use std::io::Read;
@@ -43,8 +45,9 @@ fn check_with_path(program: &OsStr, path: Option<&OsStr>) -> Result<(), UsageErr
     if program.as_bytes().contains(&b'/') {
         return match executable(Path::new(program), 0) {
             Ok(()) => Ok(()),
-            Err(Unusable::Missing) => refuse("no such file".into()),
-            Err(Unusable::Denied(why) | Unusable::Fatal(why)) => refuse(why),
+            Err(Unusable::Absent(why) | Unusable::Denied(why) | Unusable::Fatal(why)) => {
+                refuse(why)
+            }
         };
     }
     let path = path.unwrap_or(OsStr::new("/bin:/usr/bin"));
@@ -58,7 +61,7 @@ fn check_with_path(program: &OsStr, path: Option<&OsStr>) -> Result<(), UsageErr
         let candidate = dir.join(program);
         match executable(&candidate, 0) {
             Ok(()) => return Ok(()),
-            Err(Unusable::Missing) => {}
+            Err(Unusable::Absent(_)) => {}
             Err(Unusable::Denied(why)) => {
                 denied.get_or_insert(format!("{}: {why}", candidate.display()));
             }
@@ -82,23 +85,26 @@ fn check_with_path(program: &OsStr, path: Option<&OsStr>) -> Result<(), UsageErr
 /// Why a path cannot be executed, sorted as `execvp` sorts exec's errors.
 #[derive(Debug)]
 enum Unusable {
-    /// Not there: the search goes on, silently.
-    Missing,
-    /// There but not usable: the search goes on, and this is the reason given if nothing is
-    /// found.
+    /// Not there (or not reachable: ENOTDIR, ESTALE, ...): the search goes on, silently.
+    Absent(String),
+    /// There but not usable (EACCES): the search goes on, and the first such reason is the one
+    /// given if nothing is found.
     Denied(String),
-    /// Any other error: exec gives up here, and so does the check.
+    /// A symlink loop or a name too long: exec gives up here, and so does the check.
     Fatal(String),
 }
 
 impl Unusable {
-    fn from_errno(error: std::io::Error) -> Unusable {
-        match error.raw_os_error() {
-            Some(libc::ENOENT) => Unusable::Missing,
-            Some(libc::EACCES | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT) => {
-                Unusable::Denied(error.to_string())
+    /// Sorts a failed `stat`; `None` for an error that does not tell (exec decides).
+    fn from_errno(error: std::io::Error) -> Option<Unusable> {
+        match error.raw_os_error()? {
+            libc::ENOENT => Some(Unusable::Absent("no such file".into())),
+            libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {
+                Some(Unusable::Absent(error.to_string()))
             }
-            _ => Unusable::Fatal(error.to_string()),
+            libc::EACCES => Some(Unusable::Denied(error.to_string())),
+            libc::ELOOP | libc::ENAMETOOLONG => Some(Unusable::Fatal(error.to_string())),
+            _ => None,
         }
     }
 }
@@ -120,9 +126,9 @@ fn executable(path: &Path, depth: usize) -> Result<(), Unusable> {
         text
     };
     executable(&interpreter, depth + 1).map_err(|why| match why {
-        // A missing interpreter is exec's ENOENT: the search goes on past it.
-        Unusable::Missing => Unusable::Denied(context("no such file".into())),
-        Unusable::Denied(why) => Unusable::Denied(context(why)),
+        // A missing interpreter is exec's ENOENT: the search goes on past it, but it is the
+        // reason to give.
+        Unusable::Absent(why) | Unusable::Denied(why) => Unusable::Denied(context(why)),
         Unusable::Fatal(why) => Unusable::Fatal(context(why)),
     })
 }
@@ -162,7 +168,10 @@ fn interpreter(path: &Path) -> Option<PathBuf> {
 /// Whether exec may run the file at `path` itself: a regular file, executable for the
 /// effective user with its capabilities (`AT_EACCESS`), on a mount that allows exec.
 fn permitted(path: &Path) -> Result<(), Unusable> {
-    let metadata = std::fs::metadata(path).map_err(Unusable::from_errno)?;
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(error) => return Unusable::from_errno(error).map_or(Ok(()), Err),
+    };
     if metadata.is_dir() {
         return Err(Unusable::Denied("is a directory".into()));
     }
@@ -181,12 +190,12 @@ fn permitted(path: &Path) -> Result<(), Unusable> {
             libc::AT_EACCESS,
         )
     };
-    if status == 0 {
-        return Ok(());
-    }
-    match Unusable::from_errno(std::io::Error::last_os_error()) {
-        Unusable::Denied(why) => Err(Unusable::Denied(format!("not executable ({why})"))),
-        other => Err(other),
+    let error = std::io::Error::last_os_error();
+    match error.raw_os_error() {
+        _ if status == 0 => Ok(()),
+        Some(libc::EACCES) => Err(Unusable::Denied(format!("not executable ({error})"))),
+        // Anything else (EPERM from a sandbox that blocks faccessat2, say) does not tell.
+        _ => Ok(()),
     }
 }
 
@@ -195,35 +204,26 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    struct Dir(PathBuf);
+    struct Dir(tempfile::TempDir);
 
     impl Dir {
-        fn new(name: &str) -> Dir {
-            let dir = std::env::temp_dir().join(format!(
-                "baton-program-{name}-{}-{:?}",
-                std::process::id(),
-                std::thread::current().id()
-            ));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Dir(dir)
+        fn new() -> Dir {
+            Dir(tempfile::tempdir().unwrap())
         }
 
         fn file(&self, name: &str, content: &[u8], mode: u32) -> String {
-            let path = self.0.join(name);
+            let path = self.path(name);
             std::fs::write(&path, content).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-            path.to_str().unwrap().to_string()
+            path
         }
 
         fn path(&self, name: &str) -> String {
-            self.0.join(name).to_str().unwrap().to_string()
+            self.0.path().join(name).to_str().unwrap().to_string()
         }
-    }
 
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
+        fn display(&self) -> String {
+            self.0.path().to_str().unwrap().to_string()
         }
     }
 
@@ -233,7 +233,7 @@ mod tests {
 
     #[test]
     fn paths_and_the_path_search() {
-        let dir = Dir::new("search");
+        let dir = Dir::new();
         let tool = dir.file("tool", b"\x7fELF", 0o755);
         assert_eq!(check_at(&tool, None), Ok(()));
         assert_eq!(
@@ -243,12 +243,27 @@ mod tests {
                 dir.path("missing")
             ))
         );
-        let dirs = format!("/nonexistent:{}", dir.0.display());
+        let dirs = format!("/nonexistent:{}", dir.display());
         assert_eq!(check_at("tool", Some(&dirs)), Ok(()));
         assert_eq!(
             check_at("nope", Some(&dirs)),
             Err(format!(
                 "cannot start nope: command not found in PATH ({dirs})"
+            ))
+        );
+        // A PATH entry that is a file is passed over as execvp passes over it (ENOTDIR), not
+        // given as the reason; a path through a file is refused with it.
+        let dirs = format!("{tool}:/nonexistent");
+        assert_eq!(
+            check_at("nope", Some(&dirs)),
+            Err(format!(
+                "cannot start nope: command not found in PATH ({dirs})"
+            ))
+        );
+        assert_eq!(
+            check_at(&format!("{tool}/x"), None),
+            Err(format!(
+                "cannot start {tool}/x: Not a directory (os error 20)"
             ))
         );
         assert!(
@@ -271,14 +286,14 @@ mod tests {
 
     #[test]
     fn what_exec_refuses_is_refused_and_the_search_goes_on_past_it() {
-        let dir = Dir::new("refused");
+        let dir = Dir::new();
         let plain = dir.file("plain", b"echo", 0o644);
         let refused = check_at(&plain, None).unwrap_err();
         assert!(
             refused.contains("not executable (Permission denied"),
             "{refused}"
         );
-        assert!(check_at(dir.0.to_str().unwrap(), None)
+        assert!(check_at(&dir.display(), None)
             .unwrap_err()
             .ends_with("is a directory"));
         // A FIFO is refused at once, never opened (opening it would block).
@@ -291,26 +306,27 @@ mod tests {
         // Neither stops the search: a later entry of PATH can still hold the program.
         std::fs::rename(&plain, dir.path("sh")).unwrap();
         std::fs::rename(dir.path("fifo"), dir.path("true")).unwrap();
-        let dirs = format!("{}:/bin:/usr/bin", dir.0.display());
+        let dirs = format!("{}:/bin:/usr/bin", dir.display());
         assert_eq!(check_at("sh", Some(&dirs)), Ok(()));
         assert_eq!(check_at("true", Some(&dirs)), Ok(()));
     }
 
     #[test]
     fn a_symlink_loop_ends_the_search_as_it_ends_execvp() {
-        let dir = Dir::new("loop");
+        let dir = Dir::new();
         std::os::unix::fs::symlink("b", dir.path("sh")).unwrap();
         std::os::unix::fs::symlink("sh", dir.path("b")).unwrap();
-        let dirs = format!("{}:/bin:/usr/bin", dir.0.display());
+        let dirs = format!("{}:/bin:/usr/bin", dir.display());
         let refused = check_at("sh", Some(&dirs)).unwrap_err();
         assert!(refused.contains("symbolic links"), "{refused}");
     }
 
     #[test]
     fn interpreters_are_read_as_the_kernel_reads_them() {
-        let dir = Dir::new("shebang");
+        let dir = Dir::new();
         for (name, script) in [
             ("spaced", &b"#! \t/bin/sh -e\nexit 0\n"[..]),
+            ("trailing", b"#!/bin/sh \t\nexit 0\n"),
             ("nul", b"#!/bin/sh\0garbage\nexit 0\n"),
             ("bare", b"#!\nexit 0\n"),
             ("none", b"exit 0\n"),
@@ -339,7 +355,7 @@ mod tests {
 
     #[test]
     fn an_interpreter_that_is_a_script_is_checked_in_turn() {
-        let dir = Dir::new("nested");
+        let dir = Dir::new();
         let inner = dir.file("inner", b"#!/bin/sh\nexec \"$@\"\n", 0o755);
         let outer = dir.file("outer", format!("#!{inner}\n").as_bytes(), 0o755);
         assert_eq!(check_at(&outer, None), Ok(()));

@@ -923,6 +923,38 @@ fn a_pid_namespace_command_that_leaves_nothing_is_not_said_to_leave_processes() 
     }
 }
 
+/// A script without a `#!` line runs with /bin/sh, as execvp runs it, with or without a PID
+/// namespace (its init starting CMD through posix_spawnp would refuse it: "Exec format
+/// error").
+#[test]
+fn a_script_without_a_shebang_runs_in_every_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("no-shebang");
+    let script = dir.join("job");
+    std::fs::write(&script, "exit 5\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for mode in ["off", "on"] {
+        let output = baton()
+            .args([
+                "run",
+                "--backend",
+                &url(),
+                "--election",
+                &unique("no-shebang"),
+            ])
+            .args(["--pid-namespace", mode, "--"])
+            .arg(&script)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(5),
+            "--pid-namespace {mode}: {stderr}"
+        );
+    }
+}
+
 /// Stray signals to `baton run` itself (`pkill -USR1 -f JOB` to reopen logs, `pkill -QUIT -f
 /// JOB` for a JVM's thread dump: both match its command line too): the term goes on with the
 /// same command and token; the supervisor neither dies nor gives up its lease.
