@@ -144,18 +144,18 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 /// Summary statistics of a sample, in milliseconds.
-fn summary(label: &str, samples: &mut [Duration]) {
+fn summary(label: &str, samples: &mut [Duration]) -> anyhow::Result<()> {
     samples.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-    println!(
+    crate::print_out(&format!(
         "{label}: n={} median={:.2}ms p90={:.2}ms min={:.2}ms max={:.2}ms",
         samples.len(),
         ms(at(0.5)),
         ms(at(0.9)),
         ms(samples[0]),
         ms(samples[samples.len() - 1]),
-    );
+    ))
 }
 
 fn first_child(pid: u32) -> Option<u32> {
@@ -496,7 +496,7 @@ async fn processes(args: ProcessArgs, signal: libc::c_int, label: &str) -> anyho
     } else {
         format!("ttl {}", baton::format_duration(ttl))
     };
-    summary(&format!("{label} ({setting})"), &mut samples);
+    summary(&format!("{label} ({setting})"), &mut samples)?;
     Ok(())
 }
 
@@ -586,18 +586,18 @@ async fn herd(args: HerdArgs) -> anyhow::Result<()> {
         wakeups += after.2 - before.2;
     }
     let rounds = args.rounds as f64;
-    println!(
+    crate::print_out(&format!(
         "herd ({} waiters on {connections} connections): per handoff {:.1} requests, {:.1} watch \
          events, {:.1} waiters woken",
         args.waiters,
         requests as f64 / rounds,
         events as f64 / rounds,
         wakeups as f64 / rounds
-    );
+    ))?;
     summary(
         &format!("in-process handoff ({} waiters)", args.waiters),
         &mut latencies,
-    );
+    )?;
     current.resign().await;
     for backend in &backends {
         backend.close().await;
@@ -636,14 +636,14 @@ async fn elections(args: ElectionsArgs) -> anyhow::Result<()> {
         let after = backend.stats();
         let seconds = args.window.as_secs_f64();
         let leading = held.iter().filter(|l| l.is_leading()).count();
-        println!(
+        crate::print_out(&format!(
             "elections={count}: still leading {leading}, renewals/s {:.2}, other requests/s {:.2}, campaigns took {:.0}ms ({:.0}/s), process RSS {} KiB",
             (after.renewals - before.renewals) as f64 / seconds,
             (after.requests - before.requests) as f64 / seconds,
             campaign_time.as_secs_f64() * 1000.0,
             count as f64 / campaign_time.as_secs_f64(),
             rss_kib(std::process::id()).unwrap_or(0)
-        );
+        ))?;
         for leadership in held {
             leadership.resign().await;
         }
@@ -682,11 +682,11 @@ async fn rss(args: Common) -> anyhow::Result<()> {
                 .next()
                 .and_then(|p| p.parse::<u32>().ok())
         });
-    println!(
+    crate::print_out(&format!(
         "baton run RSS: supervisor {} KiB, guard {} KiB",
         rss_kib(supervisor).unwrap_or(0),
         guard.and_then(rss_kib).unwrap_or(0)
-    );
+    ))?;
     runner.stop();
     Ok(())
 }
@@ -748,12 +748,12 @@ async fn fenced(args: FencedArgs) -> anyhow::Result<()> {
             .await?;
         guarded.push(started.elapsed());
     }
-    summary("upsert in a transaction, unfenced", &mut unfenced);
+    summary("upsert in a transaction, unfenced", &mut unfenced)?;
     summary(
         "the same, fenced inside it (baton::postgres::fence)",
         &mut inside,
-    );
-    summary("baton's fenced transaction (guarded_put)", &mut guarded);
+    )?;
+    summary("baton's fenced transaction (guarded_put)", &mut guarded)?;
     client.batch_execute(&format!("DROP TABLE {table}")).await?;
     leadership.resign().await;
     backend.close().await;

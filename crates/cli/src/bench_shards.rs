@@ -197,7 +197,7 @@ pub async fn shards(args: ShardsBenchArgs) -> anyhow::Result<()> {
         let after_leave = owners.lock().unwrap().clone();
         let _ = leaver.task.await;
         leaver.backend.close().await;
-        println!(
+        crate::print_out(&format!(
             "members={count} shards={}: balanced after {:.0} ms; renewals/s per member {renewals:.2}; \
              memory {:.1} KiB per owned shard; join: {} moved ({:.1}%), settled in {:.0} ms; \
              leave: {} moved ({:.1}%), settled in {:.0} ms",
@@ -210,7 +210,7 @@ pub async fn shards(args: ShardsBenchArgs) -> anyhow::Result<()> {
             moved(&after_join, &after_leave),
             100.0 * moved(&after_join, &after_leave) as f64 / f64::from(args.shards),
             leave_time.as_secs_f64() * 1000.0,
-        );
+        ))?;
         for member in members {
             member.backend.close().await;
             let _ = member.task.await;

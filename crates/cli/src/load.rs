@@ -142,7 +142,7 @@ async fn run(args: LoadArgs) -> anyhow::Result<()> {
         p50_ms: percentile(0.5),
         p99_ms: percentile(0.99),
     };
-    println!("{}", serde_json::to_string(&report)?);
+    crate::print_out(&serde_json::to_string(&report)?)?;
     Ok(())
 }
 

@@ -460,14 +460,19 @@ fn print_line(election: &str, leader: Option<baton::LeaderInfo>) -> anyhow::Resu
 }
 
 fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
+    print_out(&serde_json::to_string(value)?)
+}
+
+/// Writes one line on stdout: a closed pipe ends the command quietly (exit 0), any other
+/// failure is an error that names stdout (never `println!`'s panic).
+pub(crate) fn print_out(line: &str) -> anyhow::Result<()> {
     use std::io::Write;
-    let line = serde_json::to_string(value)?;
     let mut stdout = std::io::stdout().lock();
     match writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
         Ok(()) => Ok(()),
         // A closed pipe (`baton observe | head -1`) is a normal way to stop.
         Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Err(Exit(0).into()),
-        Err(error) => Err(error.into()),
+        Err(error) => Err(anyhow::Error::new(error).context("writing to stdout")),
     }
 }
 

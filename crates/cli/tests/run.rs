@@ -667,6 +667,40 @@ fn leader_value_is_shown_and_duplicate_ids_are_refused() {
     let _ = a.wait();
 }
 
+/// stdout that cannot be written (a full disk, `/dev/full`): one line that says it was stdout,
+/// exit 1, for `leader`, `observe` and the benchmarks alike (`println!` would panic).
+#[test]
+fn an_unwritable_stdout_is_one_line_naming_stdout() {
+    let election = unique("stdout-full");
+    let endpoint = etcd_api();
+    let load = [
+        "--endpoint",
+        &endpoint,
+        "--op",
+        "create",
+        "--window",
+        "200ms",
+    ];
+    let commands: [&[&str]; 3] = [
+        &["leader", "--backend", &url(), "--election", &election],
+        &["observe", "--backend", &url(), "--election", &election],
+        &[&["bench", "load"][..], &load[..]].concat(),
+    ];
+    for command in commands {
+        let output = baton()
+            .args(command)
+            .stdout(std::fs::File::create("/dev/full").unwrap())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{command:?}: {stderr}");
+        assert_eq!(
+            stderr, "baton: error: writing to stdout: No space left on device (os error 28)\n",
+            "{command:?}"
+        );
+    }
+}
+
 /// `baton observe … | head -n1`: once its reader is gone, the next change ends `observe`
 /// quietly (no panic, no noise), instead of it writing into a closed pipe forever.
 #[test]
