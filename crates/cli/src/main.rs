@@ -342,9 +342,19 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Observe(target) => observe(target).await,
         Command::Bench(args) => bench::bench(args).await,
         Command::Demo(args) => demo::demo(args).await,
-        Command::Lab(args) => {
-            baton_lab::run(&args).map_err(|error| UsageError(error.to_string()).into())
-        }
+        Command::Lab(args) => baton_lab::run(&args).map_err(|error| match error {
+            // A closed pipe (`baton lab | head`) is a normal way to stop.
+            baton_lab::LabError::Stdout(cause)
+                if cause.kind() == std::io::ErrorKind::BrokenPipe =>
+            {
+                Exit(0).into()
+            }
+            // Output that cannot be written is not bad input: exit 1.
+            baton_lab::LabError::Stdout(_) | baton_lab::LabError::Write { .. } => {
+                anyhow::Error::new(error)
+            }
+            _ => UsageError(error.to_string()).into(),
+        }),
         Command::Guard { .. }
         | Command::Server(_)
         | Command::OpenLog { .. }

@@ -668,7 +668,7 @@ fn leader_value_is_shown_and_duplicate_ids_are_refused() {
 }
 
 /// stdout that cannot be written (a full disk, `/dev/full`): one line that says it was stdout,
-/// exit 1, for `leader`, `observe` and the benchmarks alike (`println!` would panic).
+/// exit 1, for `leader`, `observe`, the benchmarks (`println!` would panic) and the lab.
 #[test]
 fn an_unwritable_stdout_is_one_line_naming_stdout() {
     let election = unique("stdout-full");
@@ -699,6 +699,18 @@ fn an_unwritable_stdout_is_one_line_naming_stdout() {
             "{command:?}"
         );
     }
+    // The lab's table: not bad input either (exit 1, not 2).
+    let output = baton()
+        .args(["lab", "--seeds", "2"])
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "lab: {stderr}");
+    assert_eq!(
+        stderr,
+        "baton: error: cannot write to standard output: No space left on device (os error 28)\n"
+    );
 }
 
 /// `baton observe … | head -n1`: once its reader is gone, the next change ends `observe`
