@@ -257,6 +257,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         &name,
         format_args!("campaigning as {id:?}; containment: {}", cage.describe()),
     );
+    // Set once a campaign of ours may have left an entry behind (a place lost while the
+    // backend was away, an attempt that failed half-way). Such an entry lives on at the server
+    // until its lease expires there, within a TTL of the backend being back (a restarted
+    // server gives every lease its full TTL again), and the next campaign then finds our id
+    // taken. That is no rival: wait it out, for a TTL and a little more from the first time.
+    let mut may_have_left_an_entry = false;
+    let mut id_taken_since: Option<Instant> = None;
     loop {
         // Start the guard while campaigning, so that winning only costs starting CMD.
         let standby = Standby::spawn(&args.command, &name, &id, &cage)?;
@@ -280,6 +287,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 );
                 standby.cancel().await;
                 candidacy = election.candidacy_with(&id, options.clone())?;
+                may_have_left_an_entry = true;
+                id_taken_since = None;
+                continue;
+            }
+            Err(error @ baton::Error::DuplicateId { .. })
+                if may_have_left_an_entry
+                    && id_taken_since.is_none_or(|since| {
+                        since.elapsed() < args.ttl + Duration::from_secs(2)
+                    }) =>
+            {
+                id_taken_since.get_or_insert_with(Instant::now);
+                note(
+                    &name,
+                    format_args!(
+                        "our id is still in the queue ({error}): the entry an earlier campaign \
+                         of ours left behind, until the backend expires it within the TTL; \
+                         trying again in 1s"
+                    ),
+                );
+                standby.cancel().await;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    signal = signals.stop() => return Err(Exit(128 + signal as u8).into()),
+                }
+                candidacy = election.candidacy_with(&id, options.clone())?;
                 continue;
             }
             // The backend went away while we waited: wait for it, as a queued candidate.
@@ -294,6 +326,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     signal = signals.stop() => return Err(Exit(128 + signal as u8).into()),
                 }
                 candidacy = election.candidacy_with(&id, options.clone())?;
+                may_have_left_an_entry = true;
                 continue;
             }
             Err(error) => {
@@ -301,6 +334,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 return Err(anyhow::Error::new(error).context("campaigning"));
             }
         };
+        id_taken_since = None;
         let token = leadership.token();
         if !leadership.is_leading() {
             // Won, but the local deadline has already passed (a pause between the election

@@ -1247,3 +1247,64 @@ fn a_silent_client_is_pinged_and_cut_off() {
         "default keepalive: pinged {pinged}, closed {closed:?}"
     );
 }
+
+/// A waiting candidate outlives a server outage longer than its TTL. Its place is lost while
+/// the server is down, and the entry it had comes back with the restarted server (which gives
+/// every lease its full TTL again) under its own id: it waits that entry out and then leads,
+/// rather than exit on "already campaigning" and leave the job with no candidate at all (the
+/// leader, without `--requeue`, has rightly ended with its lease).
+#[test]
+fn a_waiter_outlives_a_server_outage_longer_than_its_ttl() {
+    let dir = scratch("outage-waiter");
+    let mut server = ServerProcess::start("127.0.0.1:0", &dir.join("data"));
+    let url = format!("etcd://{}/outage", server.addr);
+    let spawn = |name: &str| {
+        let script = format!(
+            "echo $BATON_TOKEN > {}/{name}.token; exec sleep 600",
+            dir.display()
+        );
+        baton()
+            .args(["run", "--backend", &url, "--election", "e", "--id", name])
+            .args(["--ttl", "2s", "--", "sh", "-c", &script])
+            .stderr(std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let token = |name: &str| {
+        std::fs::read_to_string(dir.join(format!("{name}.token")))
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+    };
+    let mut a = spawn("a");
+    let first = wait_for("a leads", Duration::from_secs(10), || token("a"));
+    let mut b = spawn("b");
+    wait_for("b is queued", Duration::from_secs(10), || {
+        let keys = ctl(&server, &["get", "/outage/e/", "--prefix", "--keys-only"]);
+        (keys
+            .lines()
+            .filter(|line| line.contains("@candidates/"))
+            .count()
+            == 2)
+            .then_some(())
+    });
+    server.kill9();
+    let ended = wait_for("a's lease runs out", Duration::from_secs(10), || {
+        a.try_wait().unwrap()
+    });
+    assert_eq!(ended.code(), Some(3), "a: {ended}");
+    // Longer than the TTL in all.
+    std::thread::sleep(Duration::from_secs(2));
+    server.restart();
+    let second = wait_for("b leads", Duration::from_secs(20), || {
+        if let Some(status) = b.try_wait().unwrap() {
+            let stderr = std::fs::read_to_string(dir.join("b.stderr")).unwrap_or_default();
+            panic!("b ended with {status}: {stderr}");
+        }
+        token("b")
+    });
+    assert!(second > first, "{second} after {first}");
+    signal(b.id() as i32, libc::SIGTERM);
+    let status = b.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "b: {status}");
+    server.stop();
+}
