@@ -38,11 +38,14 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// After answering, how long (and how much) a connection is read until the client closes.
 const LINGER: Duration = Duration::from_millis(500);
 const MAX_LINGER_BYTES: usize = 64 * 1024;
-/// Connections open at once. When a new one comes, the oldest that has not sent its request
-/// yet (or is lingering after its answer) is closed to make room, so that clients which
-/// connect and say nothing cannot lock a health probe out; only with every connection busy
-/// composing an answer is the new one closed.
-const MAX_CONNECTIONS: usize = 16;
+/// Connections open at once. When a new one comes, the oldest that has not sent its whole
+/// request yet (or is lingering after its answer) is closed to make room, so that clients
+/// which connect and say nothing, or dribble a byte at a time, cannot lock a health probe out;
+/// only with every connection busy composing an answer is the new one closed. Each accepted
+/// connection reads what has arrived before the next is accepted, so a request waiting in
+/// its socket is never taken for silence; and the bound is wide enough that one arriving a
+/// moment after its connection is not closed by the next few connections of a flood.
+const MAX_CONNECTIONS: usize = 64;
 /// How often histograms are folded into their buckets when nobody scrapes (bounds memory).
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// Buckets of `baton_renewal_latency_seconds`: a healthy renewal takes milliseconds; seconds
@@ -226,19 +229,17 @@ async fn accept(listener: TcpListener, state: Arc<State>) {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(_) => {
-                // Out of descriptors, say: do not spin on it.
+                // Out of descriptors, say: free one held by a silent connection, and do not
+                // spin on it.
+                open.retain(|connection| !connection.task.is_finished());
+                close_oldest_idle(&mut open);
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
         open.retain(|connection| !connection.task.is_finished());
-        if open.len() >= MAX_CONNECTIONS {
-            let Some(oldest_idle) = open.iter().position(|c| c.idle.load(Ordering::Relaxed)) else {
-                continue;
-            };
-            if let Some(evicted) = open.remove(oldest_idle) {
-                evicted.task.abort();
-            }
+        if open.len() >= MAX_CONNECTIONS && !close_oldest_idle(&mut open) {
+            continue;
         }
         let idle = Arc::new(AtomicBool::new(true));
         let task = tokio::spawn({
@@ -250,7 +251,23 @@ async fn accept(listener: TcpListener, state: Arc<State>) {
             task: task.abort_handle(),
             idle,
         });
+        // Let the new connection read what has arrived before the next is accepted: on a
+        // busy listener the loop would otherwise take many in a row, and a request already
+        // waiting in its socket would look like silence.
+        tokio::task::yield_now().await;
     }
+}
+
+/// Closes the oldest connection that has not sent its whole request (or that lingers after
+/// its answer); whether there was one.
+fn close_oldest_idle(open: &mut VecDeque<Open>) -> bool {
+    let Some(oldest) = open.iter().position(|c| c.idle.load(Ordering::Relaxed)) else {
+        return false;
+    };
+    if let Some(closed) = open.remove(oldest) {
+        closed.task.abort();
+    }
+    true
 }
 
 /// Serves one request and closes the connection.

@@ -275,7 +275,7 @@ fn requests_other_than_the_three_endpoints_are_refused_without_harm() {
     // Clients that connect and say nothing tie up nothing: others are served meanwhile, also
     // when there are more of them than connections served at once (the oldest silent one is
     // closed to make room), so a liveness probe is never locked out by them.
-    let idle: Vec<TcpStream> = (0..50)
+    let idle: Vec<TcpStream> = (0..150)
         .map(|_| TcpStream::connect(address).unwrap())
         .collect();
     for _ in 0..3 {
@@ -285,6 +285,85 @@ fn requests_other_than_the_three_endpoints_are_refused_without_harm() {
     // The node is unharmed.
     assert!(a.child_pid().is_some_and(alive));
     assert_eq!(get(address, "/healthz"), (200, "ok\n".to_string()));
+}
+
+/// Requests sent during a flood of connections that say nothing (beside a burst of other
+/// clients) all get their answer: a connection whose request has arrived is never the one
+/// closed to make room, however many newer connections were accepted before it was read.
+#[test]
+fn every_request_is_answered_during_a_flood_of_silent_connections() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = scratch("metrics-flood");
+    let election = unique("metrics-flood");
+    let flags = ["--ttl", "2s", "--metrics", "127.0.0.1:0"];
+    let a = Runner::start_with(&url(), &election, &flags, &dir, "a");
+    a.wait_running(Duration::from_secs(5));
+    let address = metrics_address(&a);
+    let stop = AtomicBool::new(false);
+    let (answered, failed) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let mut failures = Vec::new();
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = TcpStream::connect(address);
+                }
+            });
+        }
+        let probes: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut errors = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        match try_get(address, "/healthz") {
+                            Ok(200) => answered.fetch_add(1, Ordering::Relaxed),
+                            other => {
+                                errors.push(format!("{other:?}"));
+                                failed.fetch_add(1, Ordering::Relaxed)
+                            }
+                        };
+                    }
+                    errors
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, Ordering::Relaxed);
+        for probe in probes {
+            failures.extend(probe.join().unwrap());
+        }
+    });
+    let answered = answered.into_inner();
+    failures.truncate(5);
+    assert_eq!(
+        failed.into_inner(),
+        0,
+        "{answered} answered; first failures: {failures:?}"
+    );
+    assert!(answered > 0);
+    assert!(a.child_pid().is_some_and(alive));
+}
+
+/// The status of `GET path`, or why there was none.
+fn try_get(address: SocketAddr, path: &str) -> Result<u16, String> {
+    let mut stream = TcpStream::connect(address).map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .map_err(|e| format!("read: {e}"))?;
+    let response = String::from_utf8_lossy(&response);
+    response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("no status in {response:?}"))
 }
 
 #[test]
