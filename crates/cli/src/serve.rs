@@ -274,16 +274,17 @@ fn close_oldest_idle(open: &mut VecDeque<Open>) -> bool {
 async fn serve(mut stream: TcpStream, state: &State, idle: &AtomicBool) {
     let head = tokio::time::timeout(IO_TIMEOUT, read_head(&mut stream)).await;
     idle.store(false, Ordering::Relaxed);
-    let response = match head {
-        Err(_) => Response::text(408, "request timeout"),
+    // HEAD (a load balancer's check, say) gets GET's answer without its body.
+    let (response, with_body) = match head {
+        Err(_) => (Response::text(408, "request timeout"), true),
         Ok(Head::Closed) => return,
-        Ok(Head::TooLarge) => Response::text(431, "request head too large"),
+        Ok(Head::TooLarge) => (Response::text(431, "request head too large"), true),
         Ok(Head::Complete(head)) => match parse(&head) {
-            Some(request) => route(&request, state),
-            None => Response::text(400, "bad request"),
+            Some(request) => (route(&request, state), request.method != "HEAD"),
+            None => (Response::text(400, "bad request"), true),
         },
     };
-    let bytes = response.into_bytes();
+    let bytes = response.into_bytes(with_body);
     let _ = tokio::time::timeout(IO_TIMEOUT, async {
         stream.write_all(&bytes).await?;
         stream.shutdown().await
@@ -381,8 +382,8 @@ fn route(request: &Request<'_>, state: &State) -> Response {
     if !known.contains(&request.path) {
         return Response::text(404, "not found");
     }
-    if request.method != "GET" {
-        return Response::text(405, "method not allowed").header("Allow: GET");
+    if !matches!(request.method, "GET" | "HEAD") {
+        return Response::text(405, "method not allowed").header("Allow: GET, HEAD");
     }
     match request.path {
         "/metrics" => Response {
@@ -439,7 +440,8 @@ impl Response {
         self
     }
 
-    fn into_bytes(self) -> Vec<u8> {
+    /// The answer on the wire; without the body (Content-Length still its length) for HEAD.
+    fn into_bytes(self, with_body: bool) -> Vec<u8> {
         let reason = match self.status {
             200 => "OK",
             400 => "Bad Request",
@@ -462,7 +464,9 @@ impl Response {
         }
         head.push_str("\r\n");
         let mut bytes = head.into_bytes();
-        bytes.extend_from_slice(self.body.as_bytes());
+        if with_body {
+            bytes.extend_from_slice(self.body.as_bytes());
+        }
         bytes
     }
 }
@@ -507,7 +511,7 @@ mod tests {
 
     #[test]
     fn responses_carry_their_length_and_close() {
-        let bytes = Response::text(503, "renewals stalled").into_bytes();
+        let bytes = Response::text(503, "renewals stalled").into_bytes(true);
         let text = String::from_utf8(bytes).unwrap();
         assert!(
             text.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
@@ -516,6 +520,10 @@ mod tests {
         assert!(text.contains("Content-Length: 17\r\n"), "{text}");
         assert!(text.contains("Connection: close\r\n"), "{text}");
         assert!(text.ends_with("\r\n\r\nrenewals stalled\n"), "{text}");
+        // For HEAD: the same head, no body.
+        let bytes = Response::text(503, "renewals stalled").into_bytes(false);
+        let head = String::from_utf8(bytes).unwrap();
+        assert_eq!(Some(head.as_str()), text.strip_suffix("renewals stalled\n"));
     }
 
     #[test]

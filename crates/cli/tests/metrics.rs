@@ -258,6 +258,14 @@ fn requests_other_than_the_three_endpoints_are_refused_without_harm() {
         .0,
         405
     );
+    // HEAD (a load balancer's check): GET's head, no body.
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.write_all(b"HEAD /healthz HTTP/1.1\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.contains("Content-Length: 3\r\n"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\n"), "{answer}");
     for garbage in [
         &b"hello\r\n\r\n"[..],
         b"GET /metrics HTTP/9.9\r\n\r\n",
