@@ -185,6 +185,14 @@ impl std::fmt::Display for Ending {
     }
 }
 
+/// How long a campaign that may have left an entry behind takes a refusal of our id for that
+/// entry, still alive at the backend, rather than for a rival with the same id: two TTLs and
+/// ten seconds, generous beside any backend's expiry (a restored lease's full TTL, etcd's
+/// election timeout and minimum TTL, ZooKeeper's tick).
+fn own_entry_wait(ttl: Duration) -> Duration {
+    ttl * 2 + Duration::from_secs(10)
+}
+
 /// How a term of office ended.
 enum Outcome {
     ChildExited(u8),
@@ -259,11 +267,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     // Set once a campaign of ours may have left an entry behind (a place lost while the
     // backend was away, an attempt that failed half-way). Such an entry lives on at the server
-    // until its lease expires there, within a TTL of the backend being back (a restarted
-    // server gives every lease its full TTL again), and the next campaign then finds our id
-    // taken. That is no rival: wait it out, for a TTL and a little more from the first time.
+    // until its lease expires there, about a TTL after the backend is back (a restarted server
+    // gives every lease its full TTL again; etcd adds its election timeout, ZooKeeper rounds
+    // up to its tick), and the next campaign then finds our id taken. That is no rival: wait
+    // it out, up to `OWN_ENTRY_WAIT` from the first refusal since the backend came back.
     let mut may_have_left_an_entry = false;
     let mut id_taken_since: Option<Instant> = None;
+    let mut id_taken_notes = 0u32;
     loop {
         // Start the guard while campaigning, so that winning only costs starting CMD.
         let standby = Standby::spawn(&args.command, &name, &id, &cage)?;
@@ -289,23 +299,28 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 candidacy = election.candidacy_with(&id, options.clone())?;
                 may_have_left_an_entry = true;
                 id_taken_since = None;
+                id_taken_notes = 0;
                 continue;
             }
             Err(error @ baton::Error::DuplicateId { .. })
                 if may_have_left_an_entry
-                    && id_taken_since.is_none_or(|since| {
-                        since.elapsed() < args.ttl + Duration::from_secs(2)
-                    }) =>
+                    && id_taken_since
+                        .is_none_or(|since| since.elapsed() < own_entry_wait(args.ttl)) =>
             {
                 id_taken_since.get_or_insert_with(Instant::now);
-                note(
-                    &name,
-                    format_args!(
-                        "our id is still in the queue ({error}): the entry an earlier campaign \
-                         of ours left behind, until the backend expires it within the TTL; \
-                         trying again in 1s"
-                    ),
-                );
+                // Once, then every 5 s: not a line a second for a long TTL.
+                if id_taken_notes % 5 == 0 {
+                    note(
+                        &name,
+                        format_args!(
+                            "our id is still in the queue ({error}): the entry an earlier \
+                             campaign of ours left behind, until the backend expires it (up to \
+                             {}); trying again every 1s",
+                            baton::format_duration(own_entry_wait(args.ttl))
+                        ),
+                    );
+                }
+                id_taken_notes += 1;
                 standby.cancel().await;
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -327,6 +342,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 }
                 candidacy = election.candidacy_with(&id, options.clone())?;
                 may_have_left_an_entry = true;
+                // The backend was away again: a restarted one gives our old entry another
+                // full TTL, so the wait for it starts over once it is back.
+                id_taken_since = None;
+                id_taken_notes = 0;
                 continue;
             }
             Err(error) => {
@@ -335,6 +354,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         };
         id_taken_since = None;
+        id_taken_notes = 0;
         let token = leadership.token();
         if !leadership.is_leading() {
             // Won, but the local deadline has already passed (a pause between the election

@@ -224,21 +224,23 @@ struct Open {
 }
 
 async fn accept(listener: TcpListener, state: Arc<State>) {
-    let mut open: VecDeque<Open> = VecDeque::with_capacity(MAX_CONNECTIONS);
+    let limit = connection_limit();
+    let mut open: VecDeque<Open> = VecDeque::with_capacity(limit);
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
-            Err(_) => {
-                // Out of descriptors, say: free one held by a silent connection, and do not
-                // spin on it.
+            // Out of descriptors: free one held by a silent connection, and do not spin on it.
+            Err(error) if matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
                 open.retain(|connection| !connection.task.is_finished());
                 close_oldest_idle(&mut open);
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
+            // One connection's trouble (aborted before it was accepted, say): the next.
+            Err(_) => continue,
         };
         open.retain(|connection| !connection.task.is_finished());
-        if open.len() >= MAX_CONNECTIONS && !close_oldest_idle(&mut open) {
+        if open.len() >= limit && !close_oldest_idle(&mut open) {
             continue;
         }
         let idle = Arc::new(AtomicBool::new(true));
@@ -256,6 +258,21 @@ async fn accept(listener: TcpListener, state: Arc<State>) {
         // waiting in its socket would look like silence.
         tokio::task::yield_now().await;
     }
+}
+
+/// [`MAX_CONNECTIONS`], or a quarter of the descriptors the process may open if that is less
+/// (a container with `ulimit -n 100`): the rest stay for the backend, the guard and CMD.
+fn connection_limit() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return MAX_CONNECTIONS;
+    }
+    let quarter = usize::try_from(limit.rlim_cur / 4).unwrap_or(usize::MAX);
+    MAX_CONNECTIONS.min(quarter).max(1)
 }
 
 /// Closes the oldest connection that has not sent its whole request (or that lingers after

@@ -182,7 +182,8 @@ fn plan(args: &LabArgs) -> Result<Plan, LabError> {
 /// Runs `baton lab` and prints the table to standard output.
 pub fn run(args: &LabArgs) -> Result<(), LabError> {
     let mut stdout = std::io::stdout().lock();
-    run_to(args, &mut stdout)
+    run_to(args, &mut stdout)?;
+    stdout.flush().map_err(LabError::Stdout)
 }
 
 /// Runs `baton lab`, writing the table to `out` (the same bytes for the same arguments).
