@@ -586,6 +586,12 @@ async fn herd(args: HerdArgs) -> anyhow::Result<()> {
         wakeups += after.2 - before.2;
     }
     let rounds = args.rounds as f64;
+    // Resign first: an unwritable stdout must not leave the election held until its lease
+    // lapses.
+    current.resign().await;
+    for backend in &backends {
+        backend.close().await;
+    }
     crate::print_out(&format!(
         "herd ({} waiters on {connections} connections): per handoff {:.1} requests, {:.1} watch \
          events, {:.1} waiters woken",
@@ -597,12 +603,7 @@ async fn herd(args: HerdArgs) -> anyhow::Result<()> {
     summary(
         &format!("in-process handoff ({} waiters)", args.waiters),
         &mut latencies,
-    )?;
-    current.resign().await;
-    for backend in &backends {
-        backend.close().await;
-    }
-    Ok(())
+    )
 }
 
 pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
@@ -636,18 +637,21 @@ async fn elections(args: ElectionsArgs) -> anyhow::Result<()> {
         let after = backend.stats();
         let seconds = args.window.as_secs_f64();
         let leading = held.iter().filter(|l| l.is_leading()).count();
-        crate::print_out(&format!(
+        let line = format!(
             "elections={count}: still leading {leading}, renewals/s {:.2}, other requests/s {:.2}, campaigns took {:.0}ms ({:.0}/s), process RSS {} KiB",
             (after.renewals - before.renewals) as f64 / seconds,
             (after.requests - before.requests) as f64 / seconds,
             campaign_time.as_secs_f64() * 1000.0,
             count as f64 / campaign_time.as_secs_f64(),
             rss_kib(std::process::id()).unwrap_or(0)
-        ))?;
+        );
+        // Resign first: an unwritable stdout must not leave the elections held until their
+        // leases lapse.
         for leadership in held {
             leadership.resign().await;
         }
         backend.close().await;
+        crate::print_out(&line)?;
     }
     Ok(())
 }
