@@ -185,9 +185,9 @@ impl std::fmt::Display for Ending {
     }
 }
 
-/// How long a campaign that may have left an entry behind takes a refusal of our id for that
-/// entry, still alive at the backend, rather than for a rival with the same id: two TTLs and
-/// ten seconds, generous beside any backend's expiry (a restored lease's full TTL, etcd's
+/// How long a refusal of our id is taken for an entry of our own (an earlier run's or
+/// campaign's, still alive at the backend) rather than for a rival with the same id: two TTLs
+/// and ten seconds, generous beside any backend's expiry (a restored lease's full TTL, etcd's
 /// election timeout and minimum TTL, ZooKeeper's tick).
 fn own_entry_wait(ttl: Duration) -> Duration {
     ttl * 2 + Duration::from_secs(10)
@@ -265,13 +265,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         &name,
         format_args!("campaigning as {id:?}; containment: {}", cage.describe()),
     );
-    // Set once a campaign of ours may have left an entry behind (a place lost while the
-    // backend was away, an attempt that failed half-way). Such an entry lives on at the server
-    // until its lease expires there, about a TTL after the backend is back (a restarted server
-    // gives every lease its full TTL again; etcd adds its election timeout, ZooKeeper rounds
-    // up to its tick), and the next campaign then finds our id taken. That is no rival: wait
-    // it out, up to `OWN_ENTRY_WAIT` from the first refusal since the backend came back.
-    let mut may_have_left_an_entry = false;
+    // Our id may be taken by an entry of our own making: one an earlier campaign left behind
+    // (a place lost while the backend was away: a restarted server gives every lease its full
+    // TTL again), or one of an earlier run with the same id (a crash and a restart under
+    // systemd, a container restarted with the same hostname and PID). It lives on until its
+    // lease expires at the backend, about a TTL later (etcd adds its election timeout,
+    // ZooKeeper rounds up to its tick). A fresh process cannot tell it from another live
+    // candidate with our id, so it waits, up to `own_entry_wait` from the first refusal since
+    // the backend was last reachable, and only then takes it for a rival (exit 2).
     let mut id_taken_since: Option<Instant> = None;
     let mut id_taken_notes = 0u32;
     loop {
@@ -297,15 +298,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 );
                 standby.cancel().await;
                 candidacy = election.candidacy_with(&id, options.clone())?;
-                may_have_left_an_entry = true;
                 id_taken_since = None;
                 id_taken_notes = 0;
                 continue;
             }
             Err(error @ baton::Error::DuplicateId { .. })
-                if may_have_left_an_entry
-                    && id_taken_since
-                        .is_none_or(|since| since.elapsed() < own_entry_wait(args.ttl)) =>
+                if id_taken_since
+                    .is_none_or(|since| since.elapsed() < own_entry_wait(args.ttl)) =>
             {
                 id_taken_since.get_or_insert_with(Instant::now);
                 // Once, then every 5 s: not a line a second for a long TTL.
@@ -313,9 +312,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     note(
                         &name,
                         format_args!(
-                            "our id is still in the queue ({error}): the entry an earlier \
-                             campaign of ours left behind, until the backend expires it (up to \
-                             {}); trying again every 1s",
+                            "{error}: an entry of ours (left by an earlier run or campaign) \
+                             lasts until the backend expires it, another live candidate's does \
+                             not; waiting up to {} for the id, trying again every 1s",
                             baton::format_duration(own_entry_wait(args.ttl))
                         ),
                     );
@@ -341,12 +340,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     signal = signals.stop() => return Err(Exit(128 + signal as u8).into()),
                 }
                 candidacy = election.candidacy_with(&id, options.clone())?;
-                may_have_left_an_entry = true;
                 // The backend was away again: a restarted one gives our old entry another
                 // full TTL, so the wait for it starts over once it is back.
                 id_taken_since = None;
                 id_taken_notes = 0;
                 continue;
+            }
+            Err(error @ baton::Error::DuplicateId { .. }) => {
+                standby.cancel().await;
+                return Err(anyhow::Error::new(error).context(format!(
+                    "campaigning (the id was still in use after {}: another live candidate has \
+                     it)",
+                    baton::format_duration(own_entry_wait(args.ttl))
+                )));
             }
             Err(error) => {
                 standby.cancel().await;

@@ -625,8 +625,52 @@ fn the_term_lasts_while_what_the_command_left_running_lives() {
     );
 }
 
+/// A fixed `--id` restarted at once after a crash (systemd's `Restart=`, a container that
+/// keeps its hostname and PID): the crashed run's entry holds the id until its lease expires,
+/// and the new run waits for it rather than exit, then leads.
+#[test]
+fn a_fixed_id_restarted_after_a_crash_waits_for_its_old_entry_and_leads() {
+    let dir = scratch("fixed-id");
+    let election = unique("fixed-id");
+    let start = |name: &str| {
+        let script = format!(
+            "echo $BATON_TOKEN > {}/{name}.token; exec sleep 600",
+            dir.display()
+        );
+        run_script(&election, &["--id", "fixed"], &script)
+            .stderr(std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let token = |name: &str| {
+        std::fs::read_to_string(dir.join(format!("{name}.token")))
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+    };
+    let mut first = start("first");
+    let crashed = wait_for("the first run leads", Duration::from_secs(10), || {
+        token("first")
+    });
+    signal(first.id() as i32, libc::SIGKILL);
+    let _ = first.wait();
+    let mut second = start("second");
+    let took_over = wait_for("the restarted run leads", Duration::from_secs(20), || {
+        if let Some(status) = second.try_wait().unwrap() {
+            let stderr = std::fs::read_to_string(dir.join("second.stderr")).unwrap_or_default();
+            panic!("the restarted run ended with {status}: {stderr}");
+        }
+        token("second")
+    });
+    assert!(took_over > crashed, "{took_over} after {crashed}");
+    let stderr = std::fs::read_to_string(dir.join("second.stderr")).unwrap();
+    assert!(stderr.contains("waiting up to 14s for the id"), "{stderr}");
+    signal(second.id() as i32, libc::SIGTERM);
+    let _ = second.wait();
+}
+
 /// `--value` is published with the candidate and shown by `baton leader`; a second live
-/// candidate with the same id is refused with one line and exit code 2.
+/// candidate with the same id is refused with one line and exit code 2, once it has waited
+/// 2 × TTL + 10 s for the id (an entry of a crashed earlier run would have expired by then).
 #[test]
 fn leader_value_is_shown_and_duplicate_ids_are_refused() {
     let dir = scratch("value");
@@ -655,6 +699,10 @@ fn leader_value_is_shown_and_duplicate_ids_are_refused() {
     let stderr = String::from_utf8_lossy(&duplicate.stderr);
     assert_eq!(duplicate.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("already campaigning"), "{stderr}");
+    assert!(
+        stderr.contains("the id was still in use after 14s: another live candidate has it"),
+        "{stderr}"
+    );
     assert_eq!(
         stderr
             .lines()
