@@ -642,11 +642,7 @@ fn a_fixed_id_restarted_after_a_crash_waits_for_its_old_entry_and_leads() {
             .spawn()
             .unwrap()
     };
-    let token = |name: &str| {
-        std::fs::read_to_string(dir.join(format!("{name}.token")))
-            .ok()
-            .and_then(|text| text.trim().parse::<u64>().ok())
-    };
+    let token = |name: &str| read_number(&dir.join(format!("{name}.token")));
     let mut first = start("first");
     let crashed = wait_for("the first run leads", Duration::from_secs(10), || {
         token("first")

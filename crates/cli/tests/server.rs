@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{baton, scratch, signal, wait_for, Runner};
+use common::{baton, read_number, scratch, signal, wait_for, Runner};
 
 /// A `baton server` process of this test's own.
 struct ServerProcess {
@@ -1270,11 +1270,7 @@ fn a_waiter_outlives_a_server_outage_longer_than_its_ttl() {
             .spawn()
             .unwrap()
     };
-    let token = |name: &str| {
-        std::fs::read_to_string(dir.join(format!("{name}.token")))
-            .ok()
-            .and_then(|text| text.trim().parse::<u64>().ok())
-    };
+    let token = |name: &str| read_number(&dir.join(format!("{name}.token")));
     let mut a = spawn("a");
     let first = wait_for("a leads", Duration::from_secs(10), || token("a"));
     let mut b = spawn("b");
