@@ -189,7 +189,7 @@ impl std::fmt::Display for Ending {
 /// campaign's, still alive at the backend) rather than for a rival with the same id: two TTLs
 /// and ten seconds, generous beside any backend's expiry (a restored lease's full TTL, etcd's
 /// election timeout and minimum TTL, ZooKeeper's tick).
-fn own_entry_wait(ttl: Duration) -> Duration {
+pub(crate) fn own_entry_wait(ttl: Duration) -> Duration {
     ttl * 2 + Duration::from_secs(10)
 }
 

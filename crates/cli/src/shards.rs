@@ -186,17 +186,47 @@ async fn member(args: MemberArgs) -> anyhow::Result<()> {
     let mut signals = crate::run::Signals::install()?;
     let backend = crate::connect(&url).await?;
     let _ = crate::OPENED.set(backend.clone());
-    let mut member = ShardMember::join(&backend, &group, &id, ShardSet::Count(count), config)
-        .await
-        .map_err(|error| match error {
-            baton::Error::InvalidName { .. } | baton::Error::Config(_) => {
-                anyhow::Error::new(UsageError(error.to_string()))
+    // An id in use may be a crashed earlier run's (a fixed --id restarted at once, a container
+    // that keeps its hostname and PID): wait for its entry to expire, as `baton run` does,
+    // before taking it for another live member's.
+    let wait = crate::run::own_entry_wait(args.ttl);
+    let mut id_taken_since: Option<Instant> = None;
+    let joined = loop {
+        let set = ShardSet::Count(count);
+        match ShardMember::join(&backend, &group, &id, set, config.clone()).await {
+            Err(baton::Error::DuplicateId { .. })
+                if id_taken_since.is_none_or(|since| since.elapsed() < wait) =>
+            {
+                if id_taken_since.is_none() {
+                    note(
+                        &group,
+                        format_args!(
+                            "a member of the group has id {id:?}: a crashed earlier run's entry \
+                             lasts until the backend expires it, a live member's does not; \
+                             waiting up to {} for the id",
+                            baton::format_duration(wait)
+                        ),
+                    );
+                }
+                id_taken_since.get_or_insert_with(Instant::now);
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    signal = signals.stop() => return Err(Exit(128 + signal as u8).into()),
+                }
             }
-            baton::Error::DuplicateId { .. } => anyhow::Error::new(UsageError(format!(
-                "a live member of group {group} already has id {id:?}"
-            ))),
-            other => anyhow::Error::new(other).context("joining the group"),
-        })?;
+            joined => break joined,
+        }
+    };
+    let mut member = joined.map_err(|error| match error {
+        baton::Error::InvalidName { .. } | baton::Error::Config(_) => {
+            anyhow::Error::new(UsageError(error.to_string()))
+        }
+        baton::Error::DuplicateId { .. } => anyhow::Error::new(UsageError(format!(
+            "a live member of group {group} already has id {id:?} (still in use after {})",
+            baton::format_duration(wait)
+        ))),
+        other => anyhow::Error::new(other).context("joining the group"),
+    })?;
     note(
         &group,
         format_args!(

@@ -583,3 +583,58 @@ fn ctrl_c_to_the_process_group_gives_commands_their_grace() {
     let clean = std::fs::read_to_string(dir.join("clean")).unwrap_or_default();
     assert_eq!(clean.lines().count(), 2, "{clean}");
 }
+
+/// A member restarted at once with its fixed id after a crash waits for the crashed run's
+/// entry to expire and joins (it owns the shard again, on a higher token); a second live member
+/// with the same id is refused with exit 2 once that wait is over.
+#[test]
+fn a_fixed_id_restarted_after_a_crash_rejoins_and_a_live_duplicate_is_refused() {
+    let dir = scratch("shards-fixed-id");
+    let group = unique("fixed-id");
+    let script = format!(
+        "echo $BATON_TOKEN > {}/token.$BATON_SHARD; exec sleep 600",
+        dir.display()
+    );
+    let flags = "--shards 1 --ttl 2s --grace 500ms --settle 300ms";
+    let token = || read_number(&dir.join("token.0"));
+    let mut first = start_member(&url(), &group, "fixed", &dir, flags, &script);
+    let crashed = wait_for("the first run owns shard 0", Duration::from_secs(15), token);
+    signal(first.id() as i32, libc::SIGKILL);
+    let _ = first.wait();
+    std::fs::remove_file(dir.join("token.0")).unwrap();
+    let mut second = start_member(&url(), &group, "fixed", &dir, flags, &script);
+    let took_over = wait_for(
+        "the restarted run owns shard 0",
+        Duration::from_secs(30),
+        || {
+            if let Some(status) = second.try_wait().unwrap() {
+                let stderr = std::fs::read_to_string(dir.join("fixed.stderr")).unwrap_or_default();
+                panic!("the restarted member ended with {status}: {stderr}");
+            }
+            token()
+        },
+    );
+    assert!(took_over > crashed, "{took_over} after {crashed}");
+    let duplicate = baton()
+        .args([
+            "shards",
+            "--backend",
+            &url(),
+            "--group",
+            &group,
+            "--id",
+            "fixed",
+        ])
+        .args(flags.split_whitespace())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&duplicate.stderr);
+    assert_eq!(duplicate.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("already has id \"fixed\" (still in use after 14s)"),
+        "{stderr}"
+    );
+    signal(second.id() as i32, libc::SIGTERM);
+    let _ = second.wait();
+}
