@@ -149,6 +149,15 @@ impl Signals {
             _ = self.hup.recv() => libc::SIGHUP,
         }
     }
+
+    /// Sleeps for `pause` before trying again; a stop signal meanwhile ends the command with
+    /// 128+N (there is nothing to resign: the candidacy it waits to retry has ended).
+    pub(crate) async fn pause(&mut self, pause: Duration) -> anyhow::Result<()> {
+        tokio::select! {
+            () = tokio::time::sleep(pause) => Ok(()),
+            signal = self.stop() => Err(Exit(128 + signal as u8).into()),
+        }
+    }
 }
 
 /// Why a term of office ended other than by CMD's exit or a stop signal.
@@ -185,12 +194,50 @@ impl std::fmt::Display for Ending {
     }
 }
 
-/// How long a refusal of our id is taken for an entry of our own (an earlier run's or
-/// campaign's, still alive at the backend) rather than for a rival with the same id: two TTLs
-/// and ten seconds, generous beside any backend's expiry (a restored lease's full TTL, etcd's
-/// election timeout and minimum TTL, ZooKeeper's tick).
-pub(crate) fn own_entry_wait(ttl: Duration) -> Duration {
-    ttl * 2 + Duration::from_secs(10)
+/// Waiting for our id to come free. It may be taken by an entry of our own making: one an
+/// earlier campaign left behind (a place lost while the backend was away: a restarted server
+/// gives every lease its full TTL again), or one of an earlier run with the same id (a crash
+/// and a restart under systemd, a container restarted with the same hostname and PID). That
+/// lives on until its lease expires at the backend, about a TTL later (etcd adds its election
+/// timeout, ZooKeeper rounds up to its tick). A fresh process cannot tell it from another live
+/// candidate with our id, so it waits, up to two TTLs and ten seconds from the first refusal
+/// since the backend was last reachable, and only then takes it for a rival (exit 2).
+pub(crate) struct IdWait {
+    bound: Duration,
+    since: Option<Instant>,
+    refusals: u32,
+}
+
+impl IdWait {
+    pub(crate) fn new(ttl: Duration) -> IdWait {
+        IdWait {
+            bound: ttl * 2 + Duration::from_secs(10),
+            since: None,
+            refusals: 0,
+        }
+    }
+
+    /// Counts a refusal of our id; whether to go on waiting for it.
+    pub(crate) fn refused(&mut self) -> bool {
+        self.refusals += 1;
+        self.since.get_or_insert_with(Instant::now).elapsed() < self.bound
+    }
+
+    /// Refusals since the wait began (1 for the first).
+    pub(crate) fn refusals(&self) -> u32 {
+        self.refusals
+    }
+
+    /// The backend was away, or the id was had: a later refusal starts a new wait.
+    pub(crate) fn reset(&mut self) {
+        self.since = None;
+        self.refusals = 0;
+    }
+
+    /// How long a wait lasts, for messages.
+    pub(crate) fn bound(&self) -> String {
+        baton::format_duration(self.bound)
+    }
 }
 
 /// How a term of office ended.
@@ -265,16 +312,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         &name,
         format_args!("campaigning as {id:?}; containment: {}", cage.describe()),
     );
-    // Our id may be taken by an entry of our own making: one an earlier campaign left behind
-    // (a place lost while the backend was away: a restarted server gives every lease its full
-    // TTL again), or one of an earlier run with the same id (a crash and a restart under
-    // systemd, a container restarted with the same hostname and PID). It lives on until its
-    // lease expires at the backend, about a TTL later (etcd adds its election timeout,
-    // ZooKeeper rounds up to its tick). A fresh process cannot tell it from another live
-    // candidate with our id, so it waits, up to `own_entry_wait` from the first refusal since
-    // the backend was last reachable, and only then takes it for a rival (exit 2).
-    let mut id_taken_since: Option<Instant> = None;
-    let mut id_taken_notes = 0u32;
+    let mut id_wait = IdWait::new(args.ttl);
     loop {
         // Start the guard while campaigning, so that winning only costs starting CMD.
         let standby = Standby::spawn(&args.command, &name, &id, &cage)?;
@@ -298,33 +336,32 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 );
                 standby.cancel().await;
                 candidacy = election.candidacy_with(&id, options.clone())?;
-                id_taken_since = None;
-                id_taken_notes = 0;
+                id_wait.reset();
                 continue;
             }
-            Err(error @ baton::Error::DuplicateId { .. })
-                if id_taken_since
-                    .is_none_or(|since| since.elapsed() < own_entry_wait(args.ttl)) =>
-            {
-                id_taken_since.get_or_insert_with(Instant::now);
+            // Our id is taken, perhaps by an entry of our own that expires: see `IdWait`.
+            Err(error @ baton::Error::DuplicateId { .. }) => {
+                standby.cancel().await;
+                if !id_wait.refused() {
+                    return Err(anyhow::Error::new(error).context(format!(
+                        "campaigning (the id was still in use after {}: another live \
+                         candidate has it)",
+                        id_wait.bound()
+                    )));
+                }
                 // Once, then every 5 s: not a line a second for a long TTL.
-                if id_taken_notes % 5 == 0 {
+                if id_wait.refusals() % 5 == 1 {
                     note(
                         &name,
                         format_args!(
                             "{error}: an entry of ours (left by an earlier run or campaign) \
                              lasts until the backend expires it, another live candidate's does \
                              not; waiting up to {} for the id, trying again every 1s",
-                            baton::format_duration(own_entry_wait(args.ttl))
+                            id_wait.bound()
                         ),
                     );
                 }
-                id_taken_notes += 1;
-                standby.cancel().await;
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    signal = signals.stop() => return Err(Exit(128 + signal as u8).into()),
-                }
+                signals.pause(Duration::from_secs(1)).await?;
                 candidacy = election.candidacy_with(&id, options.clone())?;
                 continue;
             }
@@ -335,32 +372,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     format_args!("campaign failed ({error}); trying again in 1s"),
                 );
                 standby.cancel().await;
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    signal = signals.stop() => return Err(Exit(128 + signal as u8).into()),
-                }
+                signals.pause(Duration::from_secs(1)).await?;
                 candidacy = election.candidacy_with(&id, options.clone())?;
                 // The backend was away again: a restarted one gives our old entry another
                 // full TTL, so the wait for it starts over once it is back.
-                id_taken_since = None;
-                id_taken_notes = 0;
+                id_wait.reset();
                 continue;
-            }
-            Err(error @ baton::Error::DuplicateId { .. }) => {
-                standby.cancel().await;
-                return Err(anyhow::Error::new(error).context(format!(
-                    "campaigning (the id was still in use after {}: another live candidate has \
-                     it)",
-                    baton::format_duration(own_entry_wait(args.ttl))
-                )));
             }
             Err(error) => {
                 standby.cancel().await;
                 return Err(anyhow::Error::new(error).context("campaigning"));
             }
         };
-        id_taken_since = None;
-        id_taken_notes = 0;
+        id_wait.reset();
         let token = leadership.token();
         if !leadership.is_leading() {
             // Won, but the local deadline has already passed (a pause between the election

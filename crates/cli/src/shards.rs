@@ -186,33 +186,24 @@ async fn member(args: MemberArgs) -> anyhow::Result<()> {
     let mut signals = crate::run::Signals::install()?;
     let backend = crate::connect(&url).await?;
     let _ = crate::OPENED.set(backend.clone());
-    // An id in use may be a crashed earlier run's (a fixed --id restarted at once, a container
-    // that keeps its hostname and PID): wait for its entry to expire, as `baton run` does,
-    // before taking it for another live member's.
-    let wait = crate::run::own_entry_wait(args.ttl);
-    let mut id_taken_since: Option<Instant> = None;
+    // An id in use may be a crashed earlier run's: wait for it as `baton run` does (`IdWait`).
+    let mut id_wait = crate::run::IdWait::new(args.ttl);
     let joined = loop {
         let set = ShardSet::Count(count);
         match ShardMember::join(&backend, &group, &id, set, config.clone()).await {
-            Err(baton::Error::DuplicateId { .. })
-                if id_taken_since.is_none_or(|since| since.elapsed() < wait) =>
-            {
-                if id_taken_since.is_none() {
+            Err(baton::Error::DuplicateId { .. }) if id_wait.refused() => {
+                if id_wait.refusals() == 1 {
                     note(
                         &group,
                         format_args!(
                             "a member of the group has id {id:?}: a crashed earlier run's entry \
                              lasts until the backend expires it, a live member's does not; \
                              waiting up to {} for the id",
-                            baton::format_duration(wait)
+                            id_wait.bound()
                         ),
                     );
                 }
-                id_taken_since.get_or_insert_with(Instant::now);
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    signal = signals.stop() => return Err(Exit(128 + signal as u8).into()),
-                }
+                signals.pause(Duration::from_secs(1)).await?;
             }
             joined => break joined,
         }
@@ -223,7 +214,7 @@ async fn member(args: MemberArgs) -> anyhow::Result<()> {
         }
         baton::Error::DuplicateId { .. } => anyhow::Error::new(UsageError(format!(
             "a live member of group {group} already has id {id:?} (still in use after {})",
-            baton::format_duration(wait)
+            id_wait.bound()
         ))),
         other => anyhow::Error::new(other).context("joining the group"),
     })?;
