@@ -43,12 +43,7 @@ fn check_with_path(program: &OsStr, path: Option<&OsStr>) -> Result<(), UsageErr
         return Err(UsageError("the command is an empty string".into()));
     }
     if program.as_bytes().contains(&b'/') {
-        return match executable(Path::new(program), 0) {
-            Ok(()) => Ok(()),
-            Err(Unusable::Absent(why) | Unusable::Denied(why) | Unusable::Fatal(why)) => {
-                refuse(why)
-            }
-        };
+        return executable(Path::new(program), 0).or_else(|unusable| refuse(unusable.reason()));
     }
     let path = path.unwrap_or(OsStr::new("/bin:/usr/bin"));
     let mut denied = None;
@@ -95,6 +90,12 @@ enum Unusable {
 }
 
 impl Unusable {
+    fn reason(self) -> String {
+        match self {
+            Unusable::Absent(why) | Unusable::Denied(why) | Unusable::Fatal(why) => why,
+        }
+    }
+
     /// Sorts a failed `stat`; `None` for an error that does not tell (exec decides).
     fn from_errno(error: std::io::Error) -> Option<Unusable> {
         match error.raw_os_error()? {
