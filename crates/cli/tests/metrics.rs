@@ -23,16 +23,19 @@ fn metrics_address(node: &Runner) -> SocketAddr {
     )
 }
 
+/// Sends `request` as is and returns the whole answer, up to the server's close.
+fn send(address: SocketAddr, request: &[u8]) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(request)?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    String::from_utf8(response).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// Sends `request` as is and returns the status code and the body.
 fn exchange(address: SocketAddr, request: &[u8]) -> (u16, String) {
-    let mut stream = TcpStream::connect(address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    stream.write_all(request).unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
-    let response = String::from_utf8(response).unwrap();
+    let response = send(address, request).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").expect("a response head");
     let status = head
         .split(' ')
@@ -259,10 +262,7 @@ fn requests_other_than_the_three_endpoints_are_refused_without_harm() {
         405
     );
     // HEAD (a load balancer's check): GET's head, no body.
-    let mut stream = TcpStream::connect(address).unwrap();
-    stream.write_all(b"HEAD /healthz HTTP/1.1\r\n\r\n").unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
+    let answer = send(address, b"HEAD /healthz HTTP/1.1\r\n\r\n").unwrap();
     assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
     assert!(answer.contains("Content-Length: 3\r\n"), "{answer}");
     assert!(answer.ends_with("\r\n\r\n"), "{answer}");
@@ -354,19 +354,8 @@ fn every_request_is_answered_during_a_flood_of_silent_connections() {
 
 /// The status of `GET path`, or why there was none.
 fn try_get(address: SocketAddr, path: &str) -> Result<u16, String> {
-    let mut stream = TcpStream::connect(address).map_err(|e| format!("connect: {e}"))?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| format!("write: {e}"))?;
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .map_err(|e| format!("read: {e}"))?;
-    let response = String::from_utf8_lossy(&response);
+    let response = send(address, request.as_bytes()).map_err(|e| e.to_string())?;
     response
         .split(' ')
         .nth(1)

@@ -633,10 +633,7 @@ fn a_fixed_id_restarted_after_a_crash_waits_for_its_old_entry_and_leads() {
     let dir = scratch("fixed-id");
     let election = unique("fixed-id");
     let start = |name: &str| {
-        let script = format!(
-            "echo $BATON_TOKEN > {}/{name}.token; exec sleep 600",
-            dir.display()
-        );
+        let script = token_script(&dir, name);
         run_script(&election, &["--id", "fixed"], &script)
             .stderr(std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap())
             .spawn()
@@ -725,12 +722,23 @@ fn an_unwritable_stdout_is_one_line_naming_stdout() {
         "--window",
         "200ms",
     ];
-    let commands: [&[&str]; 3] = [
-        &["leader", "--backend", &url(), "--election", &election],
-        &["observe", "--backend", &url(), "--election", &election],
-        &[&["bench", "load"][..], &load[..]].concat(),
+    let written = "baton: error: writing to stdout: No space left on device (os error 28)\n";
+    // The lab's table: not bad input either (exit 1, not 2).
+    let lab = "baton: error: cannot write to standard output: No space left on device (os error \
+               28)\n";
+    let commands: [(&[&str], &str); 4] = [
+        (
+            &["leader", "--backend", &url(), "--election", &election],
+            written,
+        ),
+        (
+            &["observe", "--backend", &url(), "--election", &election],
+            written,
+        ),
+        (&[&["bench", "load"][..], &load[..]].concat(), written),
+        (&["lab", "--seeds", "2"], lab),
     ];
-    for command in commands {
+    for (command, expected) in commands {
         let output = baton()
             .args(command)
             .stdout(std::fs::File::create("/dev/full").unwrap())
@@ -738,23 +746,8 @@ fn an_unwritable_stdout_is_one_line_naming_stdout() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{command:?}: {stderr}");
-        assert_eq!(
-            stderr, "baton: error: writing to stdout: No space left on device (os error 28)\n",
-            "{command:?}"
-        );
+        assert_eq!(stderr, expected, "{command:?}");
     }
-    // The lab's table: not bad input either (exit 1, not 2).
-    let output = baton()
-        .args(["lab", "--seeds", "2"])
-        .stdout(std::fs::File::create("/dev/full").unwrap())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "lab: {stderr}");
-    assert_eq!(
-        stderr,
-        "baton: error: cannot write to standard output: No space left on device (os error 28)\n"
-    );
 }
 
 /// `baton observe … | head -n1`: once its reader is gone, the next change ends `observe`

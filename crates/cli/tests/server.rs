@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{baton, read_number, scratch, signal, wait_for, Runner};
+use common::{baton, read_number, scratch, signal, token_script, wait_for, Runner};
 
 /// A `baton server` process of this test's own.
 struct ServerProcess {
@@ -1259,10 +1259,7 @@ fn a_waiter_outlives_a_server_outage_longer_than_its_ttl() {
     let mut server = ServerProcess::start("127.0.0.1:0", &dir.join("data"));
     let url = format!("etcd://{}/outage", server.addr);
     let spawn = |name: &str| {
-        let script = format!(
-            "echo $BATON_TOKEN > {}/{name}.token; exec sleep 600",
-            dir.display()
-        );
+        let script = token_script(&dir, name);
         baton()
             .args(["run", "--backend", &url, "--election", "e", "--id", name])
             .args(["--ttl", "2s", "--", "sh", "-c", &script])

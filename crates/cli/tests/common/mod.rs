@@ -179,6 +179,15 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Optio
     }
 }
 
+/// A command that writes its token to `DIR/NAME.token` (read back with
+/// `read_number`) and then runs until stopped.
+pub fn token_script(dir: &Path, name: &str) -> String {
+    format!(
+        "echo $BATON_TOKEN > {}/{name}.token; exec sleep 600",
+        dir.display()
+    )
+}
+
 pub fn read_number(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
