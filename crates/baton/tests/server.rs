@@ -169,7 +169,11 @@ async fn a_waiter_takes_over_after_a_server_restart() {
     let (server, _client) = own_server().await;
     let url = format!("etcd://{}/baton-test", server.endpoint());
     let mut server = Some(server);
-    check_waiter_takes_over_on_resign_after(&url, async |a_lead| {
+    // A 5 s TTL: the restart (up to 0.5 s of shutdown grace, then the start) and both clients'
+    // reconnections fit in it with room to spare on a busy machine.
+    let config = conformance::config().with_ttl(Duration::from_secs(5));
+    check_waiter_takes_over_on_resign_after(&url, config, async |a_lead, b_backend| {
+        let watched = b_backend.stats().predecessor_watches;
         let restarting = server.take().unwrap();
         let restarted = tokio::task::spawn_blocking(move || {
             let mut restarting = restarting;
@@ -179,8 +183,13 @@ async fn a_waiter_takes_over_after_a_server_restart() {
         .await
         .unwrap();
         server = Some(restarted);
-        // Long enough for both to reconnect and the waiter to watch again (the TTL is 2 s).
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        // The waiter's watch broke with the restart: it finds its place and watches again.
+        conformance::within("the waiter watches again", Duration::from_secs(5), async {
+            while b_backend.stats().predecessor_watches == watched {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
         assert!(a_lead.is_leading(), "a restart shorter than the TTL");
     })
     .await;

@@ -168,7 +168,7 @@ fn terminated_connections_change_no_leader() {
     let next = waiter.wait_running(Duration::from_secs(5));
     assert!(next > token);
     assert!(
-        sent.elapsed() < Duration::from_secs(2),
+        sent.elapsed() < Duration::from_secs(3),
         "handoff took {:?}",
         sent.elapsed()
     );
@@ -193,14 +193,15 @@ fn restarted_database_loses_the_lease_at_the_deadline_and_the_election_resumes()
         "w",
     );
     std::thread::sleep(Duration::from_millis(500));
-    let stopped = Instant::now();
     pg_ctl(&data, "stop");
+    // Every renewal the database acknowledged was sent before this.
+    let stopped = Instant::now();
     let dead = wait_for(
         "the leader's command killed",
         Duration::from_secs(5),
         || (!alive(pid)).then(Instant::now),
     );
-    let held = dead - stopped;
+    let held = dead.saturating_duration_since(stopped);
     assert!(
         held < Duration::from_millis(2_300),
         "the command ran {held:?} after the database stopped (TTL 2s)"

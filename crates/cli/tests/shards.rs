@@ -30,6 +30,10 @@ fn start_member(url: &str, group: &str, id: &str, dir: &Path, flags: &str, scrip
 
 /// A member of `group` running the fenced-register job for each shard it owns.
 fn member(url: &str, group: &str, id: &str, dir: &Path) -> Child {
+    member_with_ttl(url, group, id, dir, "2s")
+}
+
+fn member_with_ttl(url: &str, group: &str, id: &str, dir: &Path, ttl: &str) -> Child {
     let d = dir.display();
     // Per shard: a register (the highest token written) and a log line per write, "ok" when
     // the token is at least the register's, "stale" when the fence rejects it.
@@ -41,7 +45,7 @@ fn member(url: &str, group: &str, id: &str, dir: &Path) -> Child {
          echo ok $BATON_SHARD $BATON_TOKEN $BATON_ID >> {d}/log; \
          else echo stale $BATON_SHARD $BATON_TOKEN $BATON_ID >> {d}/log; fi'; sleep 0.05; done"
     );
-    let flags = format!("--shards {SHARDS} --ttl 2s --grace 500ms --settle 300ms");
+    let flags = format!("--shards {SHARDS} --ttl {ttl} --grace 500ms --settle 300ms");
     start_member(url, group, id, dir, &flags, &script)
 }
 
@@ -136,8 +140,9 @@ impl Drop for KillOnFailure {
 
 /// Three members split 12 shards evenly; kill -9 of one moves its shards to the other two within
 /// the TTL and the settle time, with higher tokens, and leaves none of its commands running;
-/// SIGTERM of another hands its shards over at once. No write is ever rejected by a fence:
-/// a deposed owner never even attempts one beside its successor.
+/// SIGTERM of another hands its shards over at once: that one has a 10 s TTL, so its shards
+/// move long before its leases could have run out. No write is ever rejected by a fence: a
+/// deposed owner never even attempts one beside its successor.
 #[test]
 fn a_killed_members_shards_move_and_nothing_of_it_acts() {
     let dir = scratch("shards-kill");
@@ -147,7 +152,10 @@ fn a_killed_members_shards_move_and_nothing_of_it_acts() {
     let ids = ["m0", "m1", "m2"];
     let mut members: Vec<Option<Child>> = ids
         .iter()
-        .map(|id| Some(member(&url, &group, id, &dir)))
+        .map(|&id| {
+            let ttl = if id == "m1" { "10s" } else { "2s" };
+            Some(member_with_ttl(&url, &group, id, &dir, ttl))
+        })
         .collect();
     let first = wait_for("12 shards over 3 members", Duration::from_secs(20), || {
         owners(&group, &ids)
@@ -199,12 +207,14 @@ fn a_killed_members_shards_move_and_nothing_of_it_acts() {
         m1_pids.iter().all(|&pid| !alive(pid)),
         "m1's commands outlived it"
     );
-    let third = wait_for("12 shards on m2", Duration::from_secs(5), || {
+    let third = wait_for("12 shards on m2", Duration::from_secs(10), || {
         owners(&group, &ids[2..])
     });
+    // m1 renewed at most 10 s / 3 before the SIGTERM: a lease that ran out would have taken
+    // 6.7 s at the least.
     let handed = stopped_at.elapsed();
     assert!(
-        handed < Duration::from_secs(2),
+        handed < Duration::from_secs(5),
         "handover took {handed:?} (stop {stop_took:?})"
     );
     wait_writing(&dir, &third);

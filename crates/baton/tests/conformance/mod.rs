@@ -254,6 +254,20 @@ pub fn unique(name: &str) -> String {
     format!("{name}-{}-{nanos}", std::process::id())
 }
 
+/// Waits until `election` lists `count` participants (its leader among them).
+pub async fn queued(election: &Election, count: usize) {
+    within(
+        &format!("{count} participants"),
+        Duration::from_secs(10),
+        async {
+            while election.participants().await.unwrap().len() != count {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await;
+}
+
 pub async fn within<T>(what: &str, limit: Duration, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(limit, f)
         .await
@@ -298,24 +312,26 @@ pub async fn check_tokens_strictly_increase(url: &str) {
 }
 
 pub async fn check_waiter_takes_over_on_resign(url: &str) {
-    check_waiter_takes_over_on_resign_after(url, async |_| {}).await;
+    check_waiter_takes_over_on_resign_after(url, config(), async |_, _| {}).await;
 }
 
 /// [`check_waiter_takes_over_on_resign`] with `between` done to the backend while a leads and
-/// b waits (a fault the handoff must come through); it gets a's leadership to check.
+/// b waits, watching a's entry (a fault the handoff must come through); it gets a's leadership
+/// and b's backend to check.
 pub async fn check_waiter_takes_over_on_resign_after(
     url: &str,
-    between: impl AsyncFnOnce(&baton::Leadership),
+    config: ElectionConfig,
+    between: impl AsyncFnOnce(&baton::Leadership, &Backend),
 ) {
     let a_backend = Backend::connect(url).await.unwrap();
     let b_backend = Backend::connect(url).await.unwrap();
     let name = unique("handoff");
-    let a = Election::new(&a_backend, &name, config()).unwrap();
-    let b = Election::new(&b_backend, &name, config()).unwrap();
+    let a = Election::new(&a_backend, &name, config.clone()).unwrap();
+    let b = Election::new(&b_backend, &name, config).unwrap();
     let a_lead = a.campaign("a").await.unwrap();
     let b_campaign = tokio::spawn(async move { b.campaign("b").await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    between(&a_lead).await;
+    settled(std::slice::from_ref(&b_backend), 1).await;
+    between(&a_lead, &b_backend).await;
     assert!(!b_campaign.is_finished(), "b must wait while a leads");
     let a_token = a_lead.token();
     a_lead.resign().await;
@@ -373,7 +389,7 @@ pub async fn check_observe_reports_every_change(url: &str) {
         })))
     );
     let b_waiting = tokio::spawn(async move { b_election.campaign("b").await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    queued(&election, 2).await;
     a.resign().await;
     let b = b_waiting.await.unwrap().unwrap();
     let seen = within("observe b", Duration::from_secs(2), observer.next()).await;
@@ -622,9 +638,11 @@ pub async fn check_abandoned_campaign_leaves_the_queue(url: &str) {
     let a_lead = a.campaign("a").await.unwrap();
     let gave_up = tokio::time::timeout(Duration::from_millis(300), b.campaign("b")).await;
     assert!(gave_up.is_err(), "b cannot win while a leads");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // b leaves the queue when its campaign is dropped (the removal runs in the background), so
+    // once a resigns nobody leads. Had b stayed queued, its backend would keep its entry alive
+    // and b would lead.
+    queued(&a, 1).await;
     a_lead.resign().await;
-    // b left the queue when its campaign was dropped, so nobody leads now.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(a.leader().await.unwrap(), None);
 }
@@ -1123,9 +1141,8 @@ pub async fn check_a_waiters_token_is_fenced(url: &str) {
     let key = format!("/baton-data/{name}/x");
     let leader = election.campaign("a").await.unwrap();
     let waiter = election.candidacy("b").unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    queued(&election, 2).await;
     let participants = election.participants().await.unwrap();
-    assert_eq!(participants.len(), 2, "{participants:?}");
     let waiters_token = participants[1].token;
     for token in [waiters_token, 0, i64::MAX as u64, u64::MAX] {
         match election.guarded_put(token, &key, "x").await {
@@ -1228,11 +1245,11 @@ pub async fn check_leader_value_participants_and_campaign_timeout(url: &str) {
     assert_eq!(leader.value.as_deref(), Some("10.0.0.1:8080"));
     assert_eq!(leader.token, a.token());
     let b = election.candidacy("b").unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    queued(&election, 2).await;
     let c = election
         .candidacy_with("c", with_value("multi\nline"))
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    queued(&election, 3).await;
     let participants = election.participants().await.unwrap();
     let ids: Vec<&str> = participants.iter().map(|p| p.id.as_str()).collect();
     assert_eq!(ids, ["a", "b", "c"]);
@@ -1246,8 +1263,8 @@ pub async fn check_leader_value_participants_and_campaign_timeout(url: &str) {
         other => panic!("expected a timeout, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(2));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(election.participants().await.unwrap().len(), 3);
+    // d's entry is removed in the background.
+    queued(&election, 3).await;
     drop((b, c));
     a.resign().await;
 }

@@ -81,8 +81,15 @@ pub async fn requests_from_resign_to_successor(url: &str) -> u64 {
     while observer.participants().await.unwrap().len() < 2 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Its watches are in place once it queued; let them settle.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Counted from the moment it watches the leader's entry: the requests that put it there
+    // are not the handoff's.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while waiter_backend.stats().predecessor_watches < 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the waiter did not watch its predecessor within 10 s");
     let before = waiter_backend.stats().requests;
     let leader_token = leader.token();
     leader.resign().await;

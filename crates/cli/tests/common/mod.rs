@@ -262,6 +262,33 @@ pub fn delete_leader_key(election: &str) {
     }
 }
 
+/// Waits until `election` has `count` candidates queued (the leader among them), as baton's
+/// library lists them.
+pub fn wait_queued(election: &str, count: usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let backend = baton::Backend::connect(&url()).await.unwrap();
+        let config = baton::ElectionConfig::default().with_ttl(Duration::from_secs(2));
+        let election = baton::Election::new(&backend, election, config).unwrap();
+        let start = Instant::now();
+        loop {
+            let queued = election.participants().await.unwrap().len();
+            if queued == count {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{count} candidates queued: not within 10s ({queued} are)"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        backend.close().await;
+    });
+}
+
 /// Deletes the leader's entry of `election` (or every entry), through a raw connection.
 fn pg_delete(election: &str, leader_only: bool) {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -317,21 +344,15 @@ fn zk_delete(election: &str, count: usize) {
     });
 }
 
-/// `baton run --backend URL --election ELECTION --ttl 2s EXTRA.. -- sh -c SCRIPT`.
+/// `baton run --backend URL --election ELECTION --ttl 2s EXTRA.. -- sh -c SCRIPT` (without
+/// the `--ttl 2s` where EXTRA has a `--ttl` of its own).
 pub fn run_script(election: &str, extra: &[&str], script: &str) -> Command {
     let mut command = baton();
-    command
-        .args([
-            "run",
-            "--backend",
-            &url(),
-            "--election",
-            election,
-            "--ttl",
-            "2s",
-        ])
-        .args(extra)
-        .args(["--", "sh", "-c", script]);
+    command.args(["run", "--backend", &url(), "--election", election]);
+    if !extra.contains(&"--ttl") {
+        command.args(["--ttl", "2s"]);
+    }
+    command.args(extra).args(["--", "sh", "-c", script]);
     command
 }
 
