@@ -1,7 +1,7 @@
 # Shared by scripts/test and scripts/bench: install packages, start a private
 # etcd (and ZooKeeper) on loopback, stop them on exit. Source it; do not run it.
 
-log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
+log() { printf '[%s %dm%02ds] %s\n' "$(basename "$0")" $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 
 install_packages() {
   local missing=()
