@@ -8,19 +8,30 @@
 //! ([`service`]). [`start`] runs one member in the current tokio runtime; `baton server` is the
 //! command around it.
 //!
+//! Without its default feature `node` the crate is only the store and the API types (what the
+//! fuzz target builds).
+//!
 //! It never expires a lease early: timers live only on the leader, start again in full after a
 //! restart or a change of leader, and a keep-alive that comes after a lease ran out is refused.
 #![warn(missing_docs)]
 
+#[cfg(feature = "node")]
 pub mod lease;
+#[cfg(feature = "node")]
 pub mod log_store;
+#[cfg(feature = "node")]
 mod network;
+#[cfg(feature = "node")]
 mod node;
+#[cfg(feature = "node")]
 pub mod raft;
+#[cfg(feature = "node")]
 pub mod service;
 pub mod store;
+#[cfg(feature = "node")]
 pub mod watch;
 
+#[cfg(feature = "node")]
 pub use node::{start, Node, RunningServer, ServerConfig};
 
 /// The generated etcd v3 API types and gRPC services (the `baton-etcd-proto` crate, shared with
