@@ -644,13 +644,7 @@ fn a_fixed_id_restarted_after_a_crash_waits_for_its_old_entry_and_leads() {
     signal(first.id() as i32, libc::SIGKILL);
     let _ = first.wait();
     let mut second = start("second");
-    let took_over = wait_for("the restarted run leads", Duration::from_secs(20), || {
-        if let Some(status) = second.try_wait().unwrap() {
-            let stderr = std::fs::read_to_string(dir.join("second.stderr")).unwrap_or_default();
-            panic!("the restarted run ended with {status}: {stderr}");
-        }
-        token("second")
-    });
+    let took_over = wait_leads(&mut second, &dir, "second", Duration::from_secs(20));
     assert!(took_over > crashed, "{took_over} after {crashed}");
     let stderr = std::fs::read_to_string(dir.join("second.stderr")).unwrap();
     assert!(stderr.contains("waiting up to 14s for the id"), "{stderr}");

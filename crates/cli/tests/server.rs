@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{baton, read_number, scratch, signal, token_script, wait_for, Runner};
+use common::{baton, read_number, scratch, signal, token_script, wait_for, wait_leads, Runner};
 
 /// A `baton server` process of this test's own.
 struct ServerProcess {
@@ -1296,13 +1296,7 @@ fn a_waiter_outlives_a_server_outage_longer_than_its_ttl() {
     // Longer than the TTL in all.
     std::thread::sleep(Duration::from_secs(2));
     server.restart();
-    let second = wait_for("b leads", Duration::from_secs(20), || {
-        if let Some(status) = b.try_wait().unwrap() {
-            let stderr = std::fs::read_to_string(dir.join("b.stderr")).unwrap_or_default();
-            panic!("b ended with {status}: {stderr}");
-        }
-        token("b")
-    });
+    let second = wait_leads(&mut b, &dir, "b", Duration::from_secs(20));
     assert!(second > first, "{second} after {first}");
     signal(b.id() as i32, libc::SIGTERM);
     let status = b.wait().unwrap();

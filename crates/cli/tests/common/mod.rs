@@ -188,6 +188,19 @@ pub fn token_script(dir: &Path, name: &str) -> String {
     )
 }
 
+/// Waits until the `baton run` whose command is `token_script(dir, name)` (stderr in
+/// `DIR/NAME.stderr`) leads, and returns its token; fails at once, with that stderr, if the run
+/// ends first.
+pub fn wait_leads(child: &mut Child, dir: &Path, name: &str, limit: Duration) -> u64 {
+    wait_for(&format!("{name} leads"), limit, || {
+        if let Some(status) = child.try_wait().unwrap() {
+            let stderr = std::fs::read_to_string(dir.join(format!("{name}.stderr")));
+            panic!("{name} ended with {status}: {}", stderr.unwrap_or_default());
+        }
+        read_number(&dir.join(format!("{name}.token")))
+    })
+}
+
 pub fn read_number(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
