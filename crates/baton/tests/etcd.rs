@@ -435,3 +435,8 @@ async fn etcd_ignores_the_queue_check_and_the_successor_reads() {
 async fn etcd_answers_as_the_server_checks() {
     etcd_support::check_answers_as_etcd(&etcd()).await;
 }
+
+#[tokio::test]
+async fn a_dead_endpoint_in_the_url_is_left_out() {
+    etcd_support::check_a_dead_endpoint_is_left_out(&etcd()).await;
+}

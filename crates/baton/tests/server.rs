@@ -6,6 +6,9 @@ mod conformance;
 mod etcd_support;
 mod server_support;
 
+use std::time::Duration;
+
+use baton::{Backend, Election};
 use conformance::*;
 use server_support::BackgroundServer;
 
@@ -63,6 +66,71 @@ impl conformance::Rewindable for BackgroundServer {
 }
 
 conformance_suite!(ServerUnderTest);
+
+#[tokio::test]
+async fn a_dead_endpoint_in_the_url_is_left_out() {
+    etcd_support::check_a_dead_endpoint_is_left_out(server_support::shared()).await;
+}
+
+/// Two separate servers in one URL would hand out the same revisions, so the same token, to
+/// two leaders: the URL is refused at connect, saying which endpoint is which cluster.
+#[tokio::test]
+async fn a_url_that_mixes_clusters_is_refused() {
+    let (other, _client) = own_server().await;
+    let shared = server_support::shared();
+    let url = format!("etcd://{shared},{}/baton-test", other.endpoint());
+    let error = Backend::connect(&url).await.unwrap_err();
+    assert!(
+        matches!(error, baton::Error::InvalidUrl { .. }),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("different clusters")
+            && message.contains(&format!("{shared} is cluster"))
+            && message.contains(&format!("{} is cluster", other.endpoint())),
+        "{message}"
+    );
+}
+
+/// A member that was down at connect and comes back as another cluster (wiped, or another
+/// server on its address) is never used: every read still sees the leader of the client's
+/// own cluster, and a new connect with the same URL is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_comes_back_as_another_cluster_is_not_used() {
+    let (first, _client) = own_server().await;
+    let (mut second, _other) = own_server().await;
+    second.stop();
+    let url = format!(
+        "etcd://{},{}/baton-test",
+        first.endpoint(),
+        second.endpoint()
+    );
+    let backend = Backend::connect(&url).await.unwrap();
+    let election = Election::new(&backend, &unique("comeback"), config()).unwrap();
+    let leadership = within(
+        "campaign",
+        Duration::from_secs(5),
+        election.campaign("home"),
+    )
+    .await
+    .unwrap();
+    // The same address, a fresh data directory: another cluster.
+    tokio::task::block_in_place(|| second.wipe());
+    // The client checks a member that is down every 500 ms: give it several checks.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for read in 0..40 {
+        let leader = election.leader().await.unwrap();
+        assert_eq!(
+            leader.map(|l| l.id),
+            Some("home".to_string()),
+            "read {read} went to the other cluster"
+        );
+    }
+    let error = Backend::connect(&url).await.unwrap_err();
+    assert!(error.to_string().contains("different clusters"), "{error}");
+    leadership.resign().await;
+}
 
 #[tokio::test]
 async fn nested_prefixes_are_independent() {

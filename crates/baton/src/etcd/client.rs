@@ -22,6 +22,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::Streaming;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use super::endpoints::{Endpoints, NotReady};
+
 /// Queued requests on one watch or keep-alive stream (as `etcd-client`).
 const STREAM_QUEUE: usize = 100;
 
@@ -109,6 +111,8 @@ pub(crate) struct Client {
     kv: KvClient<Channel>,
     watch: WatchClient<Channel>,
     lease: LeaseClient<Channel>,
+    /// With several endpoints, which of them answer (requests go only to those).
+    endpoints: Option<Endpoints>,
 }
 
 impl std::fmt::Debug for Client {
@@ -118,29 +122,60 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client for `endpoints` (`host:port`, or URLs with `http://`). Connecting is lazy: the
-    /// first request connects, and an unreachable server shows there.
+    /// A client for `endpoints` (`host:port`, or URLs with `http://`). Connecting to one
+    /// endpoint is lazy: the first request connects, and an unreachable server shows there.
+    /// Several endpoints are checked in the background (`endpoints.rs`), and requests go only
+    /// to those that answer for the client's cluster; [`Client::ready`] waits for the first
+    /// checks. Needs a tokio runtime.
     pub(crate) fn connect<E: AsRef<str>, S: AsRef<[E]>>(
         endpoints: S,
         options: Option<ConnectOptions>,
     ) -> Result<Client> {
         let options = options.unwrap_or_default();
-        let endpoints = endpoints
+        let names: Vec<String> = endpoints
             .as_ref()
             .iter()
-            .map(|endpoint| build_endpoint(endpoint.as_ref(), &options))
+            .map(|e| e.as_ref().to_string())
+            .collect();
+        let endpoints = names
+            .iter()
+            .map(|endpoint| build_endpoint(endpoint, &options))
             .collect::<Result<Vec<_>>>()?;
-        if endpoints.is_empty() {
-            return Err(Error::InvalidArgs(String::from("empty endpoints")));
-        }
-        // Balanced even over one endpoint, as `etcd-client` does: a request goes to a ready
-        // connection, and a broken one is re-established in the background.
-        let channel = Channel::balance_list(endpoints.into_iter());
+        let (channel, checked) = match endpoints.len() {
+            0 => return Err(Error::InvalidArgs(String::from("empty endpoints"))),
+            // Balanced even over one endpoint, as `etcd-client` does: a broken connection is
+            // re-established in the background.
+            1 => (Channel::balance_list(endpoints.into_iter()), None),
+            n => {
+                let (channel, changes) = Channel::balance_channel(n);
+                let checked = Endpoints::start(names, endpoints, changes);
+                (channel, Some(checked))
+            }
+        };
         Ok(Client {
             kv: KvClient::new(channel.clone()),
             watch: WatchClient::new(channel.clone()),
             lease: LeaseClient::new(channel),
+            endpoints: checked,
         })
+    }
+
+    /// With several endpoints: waits (up to `limit`) until each was checked once; refuses
+    /// when none answers or they answer for different clusters. Nothing to wait for with one.
+    pub(crate) async fn ready(&self, limit: Duration) -> std::result::Result<(), NotReady> {
+        match &self.endpoints {
+            Some(endpoints) => endpoints.ready(limit).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Fails a request at once when no endpoint answers, rather than let it wait in the
+    /// channel for one to come back.
+    fn any_serving(&self) -> Result<()> {
+        match self.endpoints.as_ref().and_then(Endpoints::none_serving) {
+            Some(reason) => Err(Error::GRpcStatus(tonic::Status::unavailable(reason))),
+            None => Ok(()),
+        }
     }
 
     /// The keys `key` names (with `options`, a range).
@@ -149,6 +184,7 @@ impl Client {
         key: impl Into<Vec<u8>>,
         options: Option<GetOptions>,
     ) -> Result<GetResponse> {
+        self.any_serving()?;
         let request = options.unwrap_or_default().request(key.into());
         let response = self.kv.range(request).await?.into_inner();
         Ok(GetResponse::from(response))
@@ -156,6 +192,7 @@ impl Client {
 
     /// One transaction.
     pub(crate) async fn txn(&mut self, txn: Txn) -> Result<TxnResponse> {
+        self.any_serving()?;
         let response = self.kv.txn(txn.request).await?.into_inner();
         Ok(TxnResponse::from(response))
     }
@@ -166,6 +203,7 @@ impl Client {
         key: impl Into<Vec<u8>>,
         options: Option<WatchOptions>,
     ) -> Result<WatchStream> {
+        self.any_serving()?;
         let (sender, receiver) = mpsc::channel(STREAM_QUEUE);
         let mut sender = WatchRequestSender { sender };
         sender.watch(key, options).await?;
@@ -182,6 +220,7 @@ impl Client {
 
     /// Grants a lease of `ttl` seconds (the server picks its id).
     pub(crate) async fn lease_grant(&mut self, ttl: i64) -> Result<LeaseGrantResponse> {
+        self.any_serving()?;
         let request = pb::LeaseGrantRequest { ttl, id: 0 };
         let response = self.lease.lease_grant(request).await?.into_inner();
         Ok(LeaseGrantResponse(response))
@@ -189,6 +228,7 @@ impl Client {
 
     /// Revokes lease `id` (its keys go with it).
     pub(crate) async fn lease_revoke(&mut self, id: i64) -> Result<()> {
+        self.any_serving()?;
         let request = pb::LeaseRevokeRequest { id };
         self.lease.lease_revoke(request).await?;
         Ok(())
@@ -202,6 +242,7 @@ impl Client {
         &mut self,
         id: i64,
     ) -> Result<(LeaseKeeper, LeaseKeepAliveStream)> {
+        self.any_serving()?;
         let (sender, receiver) = mpsc::channel(STREAM_QUEUE);
         let mut keeper = LeaseKeeper { id, sender };
         keeper.keep_alive().await?;

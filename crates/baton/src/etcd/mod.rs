@@ -7,6 +7,7 @@
 //! next-lower create revision, so a handoff wakes one waiter.
 
 mod client;
+mod endpoints;
 mod fence;
 mod lease;
 mod queue;
@@ -23,6 +24,7 @@ use self::client::{
 use baton_core::ElectionConfig;
 use tokio::sync::mpsc;
 
+use self::endpoints::NotReady;
 use self::fence::EtcdFencer;
 use self::lease::EtcdLeaseTransport;
 use self::watch_hub::WatchHub;
@@ -197,6 +199,21 @@ impl EtcdBackend {
             .with_keep_alive_while_idle(false);
         let mut client = Client::connect(&endpoints, Some(options))
             .map_err(|error| unreachable(error.to_string()))?;
+        // Several endpoints: each is asked once which cluster it serves, so that a URL that
+        // mixes clusters is refused before any candidate acts on it, and a member that is down
+        // is left out rather than tried.
+        match client.ready(CONNECT_TIMEOUT).await {
+            Ok(()) => {}
+            Err(NotReady::Unreachable(detail)) => return Err(unreachable(detail)),
+            Err(NotReady::ClustersDiffer(which)) => {
+                return Err(Error::InvalidUrl {
+                    url: format!("etcd://{joined}{prefix}"),
+                    reason: format!(
+                        "its endpoints answer for different clusters ({which}): list the members of one cluster"
+                    ),
+                })
+            }
+        }
         // Connecting is lazy; ask for something so an unreachable server fails here, clearly.
         let probe = client.get(
             format!("{prefix}/"),
