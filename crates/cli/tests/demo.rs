@@ -27,6 +27,11 @@ struct Demo {
 
 impl Demo {
     fn start(name: &str) -> Demo {
+        Demo::start_with(name, &[])
+    }
+
+    /// [`Demo::start`] with more flags.
+    fn start_with(name: &str, flags: &[&str]) -> Demo {
         let dir = scratch(name);
         let tmp = dir.join("tmp");
         std::fs::create_dir_all(&tmp).unwrap();
@@ -35,6 +40,7 @@ impl Demo {
         let mut child = baton()
             .args(["demo", "--report"])
             .arg(&report)
+            .args(flags)
             .env("TMPDIR", &tmp)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -277,6 +283,76 @@ fn a_failed_step_is_one_line_exit_1_and_a_report() {
     assert!(
         html.contains("The demo failed"),
         "the report does not say it failed"
+    );
+    assert_nothing_left(&tmp);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A closed terminal or SSH session (SIGHUP) stops the demo as Ctrl-C does: exit 129, every
+/// process and its temporary directory gone (it used to die of the signal and leave the
+/// directory).
+#[test]
+fn sighup_stops_everything_and_leaves_no_directory() {
+    stopped_mid_run("demo-hup", "leads: its job writes", libc::SIGHUP);
+}
+
+/// On a backend given with `--backend`, which other demos may use at the same time, the demo
+/// campaigns in an election of its own (`demo-PID`): a candidate already leading the election
+/// every demo used before ("demo", here with one of the demo's own ids) is not part of it, and
+/// the demo plays every step (before, its candidates queued behind that leader and the first
+/// step timed out; two demos counted each other's leaderships).
+#[test]
+fn on_a_shared_backend_the_demo_campaigns_in_an_election_of_its_own() {
+    /// Stopped (SIGKILL to its group) even when an assertion fails first.
+    struct Other(Child);
+    impl Drop for Other {
+        fn drop(&mut self) {
+            if matches!(self.0.try_wait(), Ok(None)) {
+                signal(-(self.0.id() as i32), libc::SIGKILL);
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let mut other = Other(
+        baton()
+            .args([
+                "run",
+                "--backend",
+                &url(),
+                "--election",
+                "demo",
+                "--id",
+                "node-1",
+            ])
+            .args(["--ttl", "2s", "--", "sleep", "1000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the other leader", Duration::from_secs(10), || {
+        let output = baton()
+            .args(["leader", "--backend", &url(), "--election", "demo"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .contains("\"node-1\"")
+            .then_some(())
+    });
+    let demo = Demo::start_with("demo-shared", &["--backend", &url()]);
+    let (dir, tmp) = (demo.dir.clone(), demo.tmp.clone());
+    let election = format!("election demo-{}", demo.child.id());
+    let (code, stdout, stderr) = demo.finish(Duration::from_secs(90), Vec::new());
+    signal(other.0.id() as i32, libc::SIGTERM);
+    let status = other.0.wait().unwrap();
+    assert_eq!(code, Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains(&election), "no {election:?} in:\n{stdout}");
+    assert!(stdout.contains("stale writes accepted: 0 "), "{stdout}");
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGTERM),
+        "the other leader: {status}"
     );
     assert_nothing_left(&tmp);
     std::fs::remove_dir_all(dir).unwrap();

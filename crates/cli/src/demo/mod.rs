@@ -10,7 +10,7 @@
 //! By default it starts baton's embedded server (`baton server`) as the backend; `--backend`
 //! uses an existing etcd, ZooKeeper or PostgreSQL instead.
 //!
-//! Whatever ends it (success, a step that times out, Ctrl-C, SIGTERM), every process it
+//! Whatever ends it (success, a step that times out, Ctrl-C, SIGTERM, SIGHUP), every process it
 //! started is stopped and reaped and its temporary directory removed: the demo is a child
 //! subreaper, so even the guard of a supervisor killed with kill -9 is re-parented to it.
 
@@ -31,8 +31,17 @@ use crate::{containment, log, Exit, UsageError};
 use procs::{Candidate, Server, TempDir};
 use store::{Record, Store};
 
-/// The election the candidates compete in.
+/// The election the candidates compete in on the demo's own server.
 const ELECTION: &str = "demo";
+
+/// The election of this run: [`ELECTION`] on the demo's own server; on a backend given with
+/// `--backend`, which other demos may use at the same time, `demo-PID`, so that two demos never
+/// count each other's candidates and writes as their own.
+static RUN_ELECTION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn election() -> &'static str {
+    RUN_ELECTION.get().map_or(ELECTION, String::as_str)
+}
 
 /// The hidden subcommand each candidate runs as its job.
 pub const WORKER: &str = "__demo-worker";
@@ -76,7 +85,8 @@ const MAX_CANDIDATES: usize = 9;
 const MIN_TTL: Duration = Duration::from_secs(1);
 const MAX_TTL: Duration = Duration::from_secs(10);
 
-/// The stop signal received (SIGINT or SIGTERM), 0 if none: set by a task, read by every wait.
+/// The stop signal received (SIGINT, SIGTERM or SIGHUP), 0 if none: set by a task, read by
+/// every wait.
 static STOP: AtomicI32 = AtomicI32::new(0);
 
 fn stop_requested() -> Option<i32> {
@@ -92,10 +102,10 @@ pub struct Interrupted(pub i32);
 
 impl std::fmt::Display for Interrupted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = if self.0 == libc::SIGINT {
-            "SIGINT"
-        } else {
-            "SIGTERM"
+        let name = match self.0 {
+            libc::SIGINT => "SIGINT",
+            libc::SIGHUP => "SIGHUP",
+            _ => "SIGTERM",
         };
         write!(f, "stopped by {name}")
     }
@@ -410,16 +420,19 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Records SIGINT and SIGTERM for the waits to act on (the demo then cleans up, rather than
-/// dying with its candidates still running).
+/// Records SIGINT, SIGTERM and SIGHUP (a closed terminal or SSH session) for the waits to act
+/// on (the demo then cleans up, rather than dying with its candidates still running and its
+/// directory left behind).
 fn listen_for_stop() -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut int = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     let mut term = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
     tokio::spawn(async move {
         let got = tokio::select! {
             _ = int.recv() => libc::SIGINT,
             _ = term.recv() => libc::SIGTERM,
+            _ = hup.recv() => libc::SIGHUP,
         };
         STOP.store(got, Ordering::Relaxed);
     });
@@ -431,8 +444,11 @@ impl Demo {
         // The backend.
         let url = match &args.backend {
             Some(url) => {
-                self.t
-                    .event(format!("backend: {url} (given with --backend)"));
+                let _ = RUN_ELECTION.set(format!("{ELECTION}-{}", std::process::id()));
+                self.t.event(format!(
+                    "backend: {url} (given with --backend), election {}",
+                    election()
+                ));
                 url.clone()
             }
             None => {
@@ -452,7 +468,7 @@ impl Demo {
         self.t.backend = url.clone();
         // The demo's own view of the election, through the library.
         let config = baton::ElectionConfig::default().with_ttl(args.ttl);
-        let (backend, election) = crate::open_election(&url, ELECTION, config)
+        let (backend, election) = crate::open_election(&url, election(), config)
             .await
             .with_context(|| format!("connecting to {url}"))?;
         self.backend = Some(backend);

@@ -103,7 +103,7 @@ impl Candidate {
         let mut command = Command::new(&exe);
         command
             .arg("run")
-            .args(["--backend", backend, "--election", super::ELECTION])
+            .args(["--backend", backend, "--election", super::election()])
             .args(["--id", id, "--ttl", &baton::format_duration(ttl)])
             .args(["--requeue", "--grace", "1s", "--"])
             .arg(&exe)

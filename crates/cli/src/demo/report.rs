@@ -360,7 +360,7 @@ pub fn html(
         out,
         "<p>Backend <code>{}</code>, election <code>{}</code>, {} candidates (<code>baton run --ttl {} --requeue</code>), each job writing to a fenced store every 150 ms with its token.</p>",
         escape(&t.backend),
-        super::ELECTION,
+        super::election(),
         t.rows.len(),
         baton::format_duration(t.ttl)
     );
