@@ -36,7 +36,7 @@ pub struct ServerArgs {
     grpc_keepalive_timeout: Duration,
 }
 
-/// Serves until SIGTERM or SIGINT; prints `{"listening":"IP:PORT"}` on stdout once clients can
+/// Serves until SIGTERM, SIGINT or SIGHUP; prints `{"listening":"IP:PORT"}` on stdout once clients can
 /// connect. Runs on a runtime of its own with a thread per core: the CLI's other commands use
 /// one thread.
 pub fn main(args: ServerArgs) -> anyhow::Result<()> {
@@ -121,8 +121,11 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     config.snapshot_every = args.snapshot_every;
     config.keepalive_interval = args.grpc_keepalive_interval;
     config.keepalive_timeout = args.grpc_keepalive_timeout;
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot handle SIGTERM")?;
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    // A closed terminal or SSH session stops the server as SIGTERM does (cleanly), rather than
+    // by the signal's default action.
+    let mut hangup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
     let server = baton_server::start(config)
         .await
         .map_err(|error| match error {
@@ -151,6 +154,7 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     ));
     let failed = tokio::select! {
         _ = terminate.recv() => None,
+        _ = hangup.recv() => None,
         _ = tokio::signal::ctrl_c() => None,
         error = server.failed() => Some(error),
     };

@@ -408,6 +408,23 @@ fn etcdctl_endpoint_status_and_member_list() {
     );
 }
 
+/// SIGHUP (the terminal or SSH session that started it closed) stops the server as SIGTERM
+/// does: a clean exit 0, and a restart finds every write (it used to die of the signal).
+#[test]
+fn sighup_stops_the_server_cleanly() {
+    let dir = scratch("server-hup");
+    let mut server = ServerProcess::start("127.0.0.1:0", &dir);
+    ctl(&server, &["put", "/hup", "kept"]);
+    let before = revision_of(&server);
+    let mut child = server.child.take().unwrap();
+    signal(child.id() as i32, libc::SIGHUP);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "baton server exited with {status}");
+    server.restart();
+    assert_eq!(revision_of(&server), before);
+    assert!(ctl(&server, &["get", "/hup"]).contains("kept"));
+}
+
 /// A restart with the same data directory keeps keys, revisions and leases; a surviving lease
 /// starts again with its full TTL.
 #[test]
