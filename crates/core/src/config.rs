@@ -108,6 +108,19 @@ pub enum ConfigError {
         /// The TTL, formatted.
         ttl: String,
     },
+    /// Drift and margin leave less time to lead than the default renew interval (a third of
+    /// the TTL), so no leadership could outlive its first renewal.
+    #[error("safety margin {margin} leaves {left} to lead within ttl {ttl}, less than the renew interval {renew} (a third of the ttl): lower the safety margin or raise the ttl")]
+    MarginLeavesTooLittle {
+        /// The margin, formatted.
+        margin: String,
+        /// The local lease span left, formatted.
+        left: String,
+        /// The TTL, formatted.
+        ttl: String,
+        /// The default renew interval, formatted.
+        renew: String,
+    },
     /// A zero renew interval would spin.
     #[error("renew interval must be greater than zero")]
     RenewZero,
@@ -220,14 +233,34 @@ impl ElectionConfig {
                 renew: format_duration(renew),
             });
         }
+        if renew >= local && self.renew_interval.is_none() {
+            // The user set no renew interval: the margin (or drift) is what leaves too little.
+            return Err(ConfigError::MarginLeavesTooLittle {
+                margin: format_duration(self.safety_margin),
+                left: readable(local),
+                ttl: format_duration(self.ttl),
+                renew: readable(renew),
+            });
+        }
         if renew >= local {
             return Err(ConfigError::RenewTooSlow {
-                renew: format_duration(renew),
-                deadline: format_duration(local),
+                renew: readable(renew),
+                deadline: readable(local),
                 ttl: format_duration(self.ttl),
             });
         }
         Ok(())
+    }
+}
+
+/// A duration for a message: exact when it is a whole number of some unit, else in
+/// milliseconds to three decimals ("666.667ms", not "666666666ns").
+fn readable(duration: Duration) -> String {
+    let exact = format_duration(duration);
+    if exact.ends_with("ns") && duration >= Duration::from_millis(1) {
+        format!("{:.3}ms", duration.as_secs_f64() * 1000.0)
+    } else {
+        exact
     }
 }
 
@@ -334,9 +367,25 @@ mod tests {
             })
         );
         assert!(base
+            .clone()
             .with_renew_interval(ms(1879))
             .validate(&min(ms(1)))
             .is_ok());
+        // No renew interval given: the margin is named, with durations a person can read.
+        let error = base
+            .with_safety_margin(ms(1900))
+            .validate(&min(ms(1)))
+            .unwrap_err();
+        assert_eq!(
+            error,
+            ConfigError::MarginLeavesTooLittle {
+                margin: "1900ms".into(),
+                left: "80ms".into(),
+                ttl: "2s".into(),
+                renew: "666.667ms".into(),
+            }
+        );
+        assert!(error.to_string().contains("lower the safety margin"));
     }
 
     #[test]
