@@ -26,6 +26,11 @@ pub struct ServerArgs {
     /// Log entries between snapshots.
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
+    /// The most the live keys and values may take: a write that adds data beyond it is
+    /// refused with etcd's "database space exceeded" (deletions pass, and free room at once);
+    /// history is kept within a quarter of it. Bytes, or with KiB, MiB or GiB; at least 4MiB.
+    #[arg(long, default_value = "512MiB", value_parser = bytes)]
+    quota_bytes: u64,
     /// How long a client connection may be silent before the server pings it (etcd's
     /// --grpc-keepalive-interval).
     #[arg(long, default_value = "2h", value_parser = crate::run::duration)]
@@ -119,6 +124,7 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let mut config = baton_server::ServerConfig::new(args.listen, args.data);
     config.history_revisions = args.history;
     config.snapshot_every = args.snapshot_every;
+    config.quota_bytes = args.quota_bytes;
     config.keepalive_interval = args.grpc_keepalive_interval;
     config.keepalive_timeout = args.grpc_keepalive_timeout;
     use tokio::signal::unix::{signal, SignalKind};
@@ -169,4 +175,30 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     }
     server.shutdown().await.context("stopping")?;
     Ok(())
+}
+
+/// A size in bytes: a whole number, optionally followed by KiB, MiB or GiB.
+fn bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let shift = match unit {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a size (a number of bytes, or with KiB, MiB or GiB)"
+            ))
+        }
+    };
+    let number: u64 = number.parse().map_err(|_| {
+        format!("{text:?} is not a size (a number of bytes, or with KiB, MiB or GiB)")
+    })?;
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }

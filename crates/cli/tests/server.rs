@@ -408,6 +408,73 @@ fn etcdctl_endpoint_status_and_member_list() {
     );
 }
 
+/// `etcdctl put KEY` with the value on stdin (a value this big is no argument).
+fn put_from_stdin(server: &ServerProcess, key: &str, value: &[u8]) -> (bool, String) {
+    let mut child = etcdctl(server)
+        .args(["put", key])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(value).unwrap();
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The peak resident memory of process `pid`, in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in {status}"));
+    kib * 1024
+}
+
+/// `--quota-bytes`: writes that add data stop at the quota with etcd's "database space
+/// exceeded", a deletion frees room at once, and a big value written over and over keeps the
+/// server's memory near the quota: history and the in-memory log are bounded by bytes too
+/// (before, 200 overwrites of 1.4 MB took the server to 1 GB; any client could exhaust memory).
+#[test]
+fn the_quota_bounds_the_data_and_the_memory() {
+    let dir = scratch("server-quota");
+    let server = ServerProcess::start_with("127.0.0.1:0", &dir, &["--quota-bytes", "4MiB"]);
+    let value = vec![b'v'; 1_400_000];
+    let refused = (0..10).find_map(|i| {
+        let (ok, stderr) = put_from_stdin(&server, &format!("/q/{i:02}"), &value);
+        (!ok).then_some((i, stderr))
+    });
+    let (at, stderr) = refused.expect("10 values of 1.4 MB were all taken under a 4 MiB quota");
+    assert!(stderr.contains("database space exceeded"), "{stderr}");
+    // 4 MiB takes two or three such values (with their keys and bookkeeping), not more.
+    assert!((2..=3).contains(&at), "refused at the write of value {at}");
+    ctl(&server, &["del", "--prefix", "/q/"]);
+    // Room again at once; then the same key over and over: 25 × 1.4 MB through the log and
+    // the history, which held all of it before (about 70 MB more memory).
+    let before = peak_rss(server.pid());
+    for round in 0..25 {
+        let (ok, stderr) = put_from_stdin(&server, "/same", &value);
+        assert!(ok, "overwrite {round}: {stderr}");
+    }
+    let peak = peak_rss(server.pid());
+    // History within 1 MiB (plus the last revision), the log snapshotted past 1 MiB, a
+    // snapshot being built: a few values' worth above the peak before.
+    assert!(
+        peak < before + (24 << 20),
+        "peak RSS {} MiB (it was {} MiB before the overwrites)",
+        peak >> 20,
+        before >> 20
+    );
+    let at_two = ctl_fails(&server, &["get", "/same", "--rev=2"]);
+    assert!(at_two.contains("compacted"), "{at_two}");
+}
+
 /// SIGHUP (the terminal or SSH session that started it closed) stops the server as SIGTERM
 /// does: a clean exit 0, and a restart finds every write (it used to die of the signal).
 #[test]
@@ -601,6 +668,33 @@ fn bad_input_is_one_line_and_exit_2() {
                 "soon".into(),
             ],
             "invalid value 'soon'",
+        ),
+        (
+            vec![
+                "--data".into(),
+                "x".into(),
+                "--quota-bytes".into(),
+                "1MiB".into(),
+            ],
+            "the quota must be at least 4 MiB",
+        ),
+        (
+            vec![
+                "--data".into(),
+                "x".into(),
+                "--quota-bytes".into(),
+                "2 terabytes".into(),
+            ],
+            "is not a size",
+        ),
+        (
+            vec![
+                "--data".into(),
+                "x".into(),
+                "--quota-bytes".into(),
+                "99999999999GiB".into(),
+            ],
+            "is too large",
         ),
     ];
     for (args, expected) in cases {

@@ -16,6 +16,7 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -42,6 +43,8 @@ type Result<T> = std::result::Result<T, StorageError<NodeId>>;
 #[derive(Default)]
 struct Cached {
     entries: BTreeMap<u64, Entry<TypeConfig>>,
+    /// Each cached entry's encoded size, by index.
+    sizes: BTreeMap<u64, u64>,
     last_purged: Option<LogId<NodeId>>,
     vote: Option<Vote<NodeId>>,
     committed: Option<LogId<NodeId>>,
@@ -61,6 +64,8 @@ enum Write {
 pub struct LogStore {
     cached: Arc<Mutex<Cached>>,
     writer: Arc<Writer>,
+    /// The encoded bytes of the unpurged log, which memory holds too (see [`LogStore::bytes`]).
+    bytes: Arc<AtomicU64>,
 }
 
 /// The writer thread's queue and the thread itself. The last `LogStore` to go closes the queue
@@ -93,6 +98,7 @@ impl LogStore {
     /// the writer thread.
     pub fn open(db: Arc<Database>) -> io::Result<LogStore> {
         let cached = load(&db)?;
+        let bytes = Arc::new(AtomicU64::new(cached.sizes.values().sum()));
         let (sender, queue) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("baton-raft-log".into())
@@ -103,7 +109,20 @@ impl LogStore {
                 queue: sender,
                 thread: Some(thread),
             }),
+            bytes,
         })
+    }
+
+    /// The encoded bytes of the unpurged log, kept in memory as well: the server takes a
+    /// snapshot (which purges the log) when they pass a bound, not only every so many entries.
+    pub fn bytes(&self) -> Arc<AtomicU64> {
+        self.bytes.clone()
+    }
+
+    /// Drops the sizes of the entries in `removed` from the count.
+    fn forget_sizes(&self, removed: BTreeMap<u64, u64>) {
+        let freed: u64 = removed.values().sum();
+        self.bytes.fetch_sub(freed, Ordering::Relaxed);
     }
 
     /// The last log entry folded into a snapshot and removed from the log, if any.
@@ -178,6 +197,9 @@ fn load(db: &Database) -> io::Result<Cached> {
     for item in log.iter().map_err(io::Error::other)? {
         let (index, bytes) = item.map_err(io::Error::other)?;
         let entry: Entry<TypeConfig> = decode(bytes.value())?;
+        cached
+            .sizes
+            .insert(index.value(), bytes.value().len() as u64);
         cached.entries.insert(index.value(), entry);
     }
     let meta = txn.open_table(META).map_err(io::Error::other)?;
@@ -428,7 +450,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut cached = self.cached();
             for entry in entries {
-                encoded.push((entry.log_id.index, encode(&entry)));
+                let bytes = encode(&entry);
+                let size = bytes.len() as u64;
+                // An entry written again at an index (after a truncation) replaces the old one.
+                let old = cached.sizes.insert(entry.log_id.index, size).unwrap_or(0);
+                self.bytes.fetch_add(size, Ordering::Relaxed);
+                self.bytes.fetch_sub(old, Ordering::Relaxed);
+                encoded.push((entry.log_id.index, bytes));
                 cached.entries.insert(entry.log_id.index, entry);
             }
         }
@@ -436,7 +464,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<()> {
-        self.cached().entries.split_off(&log_id.index);
+        {
+            let mut cached = self.cached();
+            cached.entries.split_off(&log_id.index);
+            let removed = cached.sizes.split_off(&log_id.index);
+            self.forget_sizes(removed);
+        }
         let (done, wait_for) = oneshot::channel();
         self.send(Write::Truncate(log_id.index, done))?;
         wait(wait_for, ErrorSubject::Logs).await
@@ -448,6 +481,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             cached.last_purged = Some(log_id);
             let keep = cached.entries.split_off(&(log_id.index + 1));
             cached.entries = keep;
+            let keep = cached.sizes.split_off(&(log_id.index + 1));
+            let removed = std::mem::replace(&mut cached.sizes, keep);
+            self.forget_sizes(removed);
         }
         self.send(Write::Purge(log_id))
     }

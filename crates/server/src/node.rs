@@ -24,6 +24,13 @@ use crate::store::{Command, Store, StoreConfig};
 use crate::watch::WatchHub;
 use crate::{service, ServerError};
 
+/// [`ServerConfig::quota_bytes`] unless set: elections and locks take a few hundred bytes a
+/// candidate, so this is room for millions of them.
+pub const DEFAULT_QUOTA_BYTES: u64 = 512 << 20;
+
+/// The smallest quota accepted: room for two of the largest requests (1.5 MiB).
+pub const MIN_QUOTA_BYTES: u64 = 4 << 20;
+
 /// How a server runs.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -35,6 +42,11 @@ pub struct ServerConfig {
     pub history_revisions: i64,
     /// A snapshot is taken after this many log entries (and the log before it purged).
     pub snapshot_every: u64,
+    /// The most the live keys and values may take, in bytes: a write that adds data beyond
+    /// it is refused (etcd's "database space exceeded"); deletions and compactions always
+    /// pass. History is kept within a quarter of it, and a snapshot is taken whenever the log
+    /// grows by a quarter of it, so memory stays a small multiple of it.
+    pub quota_bytes: u64,
     /// How often idle watchers that asked for progress notifications get one.
     pub progress_interval: Duration,
     /// How long a client connection may be silent before the server pings it (HTTP/2 PING).
@@ -53,6 +65,7 @@ impl ServerConfig {
             data_dir: data_dir.into(),
             history_revisions: 10_000,
             snapshot_every: 10_000,
+            quota_bytes: DEFAULT_QUOTA_BYTES,
             // etcd's default.
             progress_interval: Duration::from_secs(600),
             // etcd's defaults (--grpc-keepalive-interval, --grpc-keepalive-timeout).
@@ -67,6 +80,12 @@ impl ServerConfig {
             return Err(ServerError::Config(
                 "history must keep at least 1 revision".into(),
             ));
+        }
+        if self.quota_bytes < MIN_QUOTA_BYTES {
+            return Err(ServerError::Config(format!(
+                "the quota must be at least {} MiB",
+                MIN_QUOTA_BYTES >> 20
+            )));
         }
         if self.snapshot_every < 1 {
             return Err(ServerError::Config(
@@ -347,6 +366,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     };
     // `--history` applies from now on, also to a data directory made with another value.
     store.set_history_revisions(config.history_revisions);
+    store.set_history_bytes(config.quota_bytes / 4);
     let leases = Arc::new(LeaseKeeper::default());
     // A restart gives every surviving lease a full TTL: a live holder is never expired early.
     leases.reset_all(&store.leases());
@@ -363,6 +383,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         },
     }));
     let log = LogStore::open(db).map_err(data)?;
+    let log_bytes = log.bytes();
     // Entries folded into a snapshot are gone from the log: without that snapshot (deleted, or
     // an older one copied in) the state before them cannot be rebuilt.
     if let Some(purged) = log.last_purged() {
@@ -386,7 +407,9 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         election_timeout_min: 300,
         election_timeout_max: 600,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
-        max_in_snapshot_log_to_keep: 1_000,
+        // One member needs no log behind its snapshot (no follower catches up from it); the
+        // memory goes back at once, which the snapshot by log size below relies on.
+        max_in_snapshot_log_to_keep: 0,
         ..openraft::Config::default()
     }
     .validate()
@@ -418,6 +441,11 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     // Bounded: when the log cannot keep up, clients wait to be queued.
     let (proposals, pending) = mpsc::channel(MAX_QUEUED_PROPOSALS);
     let proposer = tokio::spawn(run_proposer(raft.clone(), pending));
+    tokio::spawn(snapshot_when_the_log_grows(
+        raft.clone(),
+        log_bytes,
+        config.quota_bytes / 4,
+    ));
     let node = Arc::new(Node {
         id: identity.member_id,
         raft,
@@ -495,4 +523,31 @@ fn spawn_term_watch(node: Arc<Node>) -> JoinHandle<()> {
             }
         }
     })
+}
+
+/// Takes a snapshot (which purges the log, kept in memory as well) whenever the log holds more
+/// than `limit` bytes, so that a few big values written over and over cannot fill memory long
+/// before `snapshot_every` entries. Ends with the Raft member.
+async fn snapshot_when_the_log_grows(
+    raft: Raft<TypeConfig>,
+    bytes: Arc<std::sync::atomic::AtomicU64>,
+    limit: u64,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last: Option<tokio::time::Instant> = None;
+    loop {
+        tick.tick().await;
+        if bytes.load(std::sync::atomic::Ordering::Relaxed) <= limit {
+            continue;
+        }
+        // A snapshot is built in the background: give it time before asking again.
+        if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+            continue;
+        }
+        last = Some(tokio::time::Instant::now());
+        if raft.trigger().snapshot().await.is_err() {
+            return;
+        }
+    }
 }

@@ -337,7 +337,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .map_err(|e| storage_error(ErrorVerb::Write, e))?;
         let mut core = lock(&self.core);
         self.leases.reset_all(&state.store.leases());
+        // The member's own settings outside the snapshot carry over to the installed state.
+        let history_bytes = core.store.history_bytes();
         core.store = state.store;
+        core.store.set_history_bytes(history_bytes);
         core.applied = state.applied;
         core.membership = state.membership;
         // Watchers registered against the old state cannot be told what changed in between.

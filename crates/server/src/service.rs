@@ -132,6 +132,7 @@ pub fn status(error: &StoreError) -> Status {
         StoreError::LeaseExists => Code::FailedPrecondition,
         StoreError::LeaseTtlTooLarge => Code::OutOfRange,
         StoreError::Compacted { .. } | StoreError::FutureRevision => Code::OutOfRange,
+        StoreError::NoSpace => Code::ResourceExhausted,
     };
     Status::new(code, error.to_string())
 }
@@ -154,10 +155,13 @@ impl Service {
     async fn write(&self, command: Command) -> Result<(CommandResponse, ResponseHeader), Status> {
         too_large(&command)?;
         // What is wrong whatever the state never takes a place in the log.
-        lock(&self.node.core)
-            .store
-            .precheck(&command)
-            .map_err(|e| status(&e))?;
+        {
+            let mut core = lock(&self.node.core);
+            core.store.precheck(&command).map_err(|e| status(&e))?;
+            core.store
+                .check_quota(&command, self.node.config.quota_bytes)
+                .map_err(|e| status(&e))?;
+        }
         let Reply { revision, result } = self.node.propose(command).await?;
         let response = result
             .ok_or_else(|| Status::internal("a command gave no result"))?

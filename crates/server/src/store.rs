@@ -164,6 +164,10 @@ pub enum StoreError {
     /// Txns nested deeper than [`MAX_TXN_DEPTH`] (gRPC InvalidArgument). No etcd counterpart.
     #[error("etcdserver: txn nested too deeply")]
     TxnTooDeep,
+    /// A write that adds data while the store holds its quota's worth (gRPC
+    /// ResourceExhausted; etcd's message for its backend quota). Deletes still go through.
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
 }
 
 /// Tuning that every replica must share: it is part of the state (and of the snapshot).
@@ -212,6 +216,49 @@ pub struct Store {
     leases: BTreeMap<i64, Lease>,
     /// Every event with revision >= `compact_revision`, oldest first.
     history: VecDeque<Event>,
+    /// What the live keys and the history hold, in bytes: counted from the state when first
+    /// needed (after a load) and kept in step from then on; derived, so never serialized.
+    #[serde(skip)]
+    sizes: Sizes,
+    /// History is compacted, oldest first, to keep it within this many bytes (0: no bound).
+    /// A member's setting, like `--history`, but outside the snapshot.
+    #[serde(skip)]
+    history_bytes: u64,
+}
+
+/// See `Store::sizes`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sizes {
+    counted: bool,
+    /// Live keys and values, each key twice (the map's and the key-value's), plus overhead.
+    live: u64,
+    /// The history's events, with their previous key-values.
+    history: u64,
+}
+
+/// Derived from the state, which `Store`'s equality already compares.
+impl PartialEq for Sizes {
+    fn eq(&self, _: &Sizes) -> bool {
+        true
+    }
+}
+
+/// Memory a key-value takes beyond its bytes (its fields, a map or queue entry), roughly.
+const ENTRY_OVERHEAD: u64 = 96;
+
+/// What a live key-value costs: its key twice (as the map's key too), its value, overhead.
+fn live_bytes(kv: &KeyValue) -> u64 {
+    (2 * kv.key.len() + kv.value.len()) as u64 + ENTRY_OVERHEAD
+}
+
+/// What an event of the history costs, with the key-value before it.
+fn event_bytes(event: &Event) -> u64 {
+    let kv = |kv: &Option<KeyValue>| {
+        kv.as_ref().map_or(0, |kv| {
+            (kv.key.len() + kv.value.len()) as u64 + ENTRY_OVERHEAD
+        })
+    };
+    kv(&event.kv) + kv(&event.prev_kv)
 }
 
 /// The revision an event happened at: a PUT's kv and a DELETE's tombstone both carry it as
@@ -230,7 +277,55 @@ impl Store {
             kvs: BTreeMap::new(),
             leases: BTreeMap::new(),
             history: VecDeque::new(),
+            sizes: Sizes::default(),
+            history_bytes: 0,
         }
+    }
+
+    /// The byte counts, counted now if they were not yet (after a load).
+    fn sizes(&mut self) -> &mut Sizes {
+        if !self.sizes.counted {
+            self.sizes = Sizes {
+                counted: true,
+                live: self.kvs.values().map(live_bytes).sum(),
+                history: self.history.iter().map(event_bytes).sum(),
+            };
+        }
+        &mut self.sizes
+    }
+
+    /// Bytes the store holds: live keys and values, and history (see `live_bytes`).
+    pub fn bytes(&mut self) -> u64 {
+        let sizes = self.sizes();
+        sizes.live + sizes.history
+    }
+
+    /// Bounds the history by bytes from now on (a member's start-up setting; 0: no bound): a
+    /// write that takes it past `limit` compacts the oldest revisions down to half of it.
+    pub fn set_history_bytes(&mut self, limit: u64) {
+        self.history_bytes = limit;
+    }
+
+    /// The bound [`Store::set_history_bytes`] set.
+    pub fn history_bytes(&self) -> u64 {
+        self.history_bytes
+    }
+
+    /// Refuses a write that adds data (a put, or a txn that may put) while the live keys and
+    /// values take `quota` bytes or more; deletions, revocations and compactions always pass,
+    /// and free room at once (history is bounded apart, see [`Store::set_history_bytes`]).
+    /// Checked before proposing, as etcd checks its backend quota: the refused write never
+    /// takes a place in the log.
+    pub fn check_quota(&mut self, command: &Command, quota: u64) -> Result<(), StoreError> {
+        let adds = match command {
+            Command::Put(_) => true,
+            Command::Txn(request) => !txn_is_read_only(request),
+            _ => false,
+        };
+        if adds && self.sizes().live >= quota {
+            return Err(StoreError::NoSpace);
+        }
+        Ok(())
     }
 
     /// The revision of the last change.

@@ -1316,3 +1316,122 @@ fn first_in_queue_checks_the_own_entry_and_everything_created_before_it() {
     ok(store.apply(&Command::DeleteRange(delete("/q/c", ""))));
     assert!(!first(&store, "/q/c", 5), "gone itself");
 }
+
+/// A fresh count of what `store` holds, as a store loaded from a snapshot makes it.
+fn recounted(store: &Store) -> u64 {
+    let bytes = bincode::serialize(store).unwrap();
+    let mut back: Store = bincode::deserialize(&bytes).unwrap();
+    back.bytes()
+}
+
+/// The byte counts kept in step with every kind of change equal a count from scratch: puts
+/// (new keys, overwrites, leased), deletes, a txn, a lease's revocation (its keys go) and a
+/// compaction.
+#[test]
+fn byte_counts_stay_in_step_with_the_state() {
+    let mut store = store();
+    assert_eq!(store.bytes(), 0);
+    grant(&mut store, 7);
+    let check = |store: &mut Store, what: &str| {
+        assert_eq!(store.bytes(), recounted(store), "after {what}");
+    };
+    apply_put(&mut store, put("a", "1"));
+    check(&mut store, "a new key");
+    apply_put(&mut store, put("a", &"x".repeat(1000)));
+    check(&mut store, "an overwrite");
+    apply_put(&mut store, put_leased("l1", "leased", 7));
+    apply_put(&mut store, put_leased("l2", "leased", 7));
+    check(&mut store, "leased keys");
+    ok(store.apply(&Command::DeleteRange(delete("a", ""))));
+    check(&mut store, "a delete");
+    ok(store.apply(&Command::Txn(TxnRequest {
+        success: vec![
+            RequestOp {
+                request: Some(Request::RequestPut(put("t1", "v"))),
+            },
+            RequestOp {
+                request: Some(Request::RequestDeleteRange(delete("l1", ""))),
+            },
+        ],
+        ..TxnRequest::default()
+    })));
+    check(&mut store, "a txn");
+    ok(store.apply(&Command::LeaseRevoke { id: 7 }));
+    check(&mut store, "a revocation");
+    let revision = store.revision();
+    ok(store.apply(&Command::Compact { revision }));
+    check(&mut store, "a compaction");
+    assert!(store.bytes() > 0);
+}
+
+/// With a byte bound, history is compacted (oldest first, down to half the bound) however few
+/// revisions it has: a big value written over and over cannot fill memory.
+#[test]
+fn history_is_compacted_to_its_byte_bound() {
+    let mut store = store();
+    store.set_history_bytes(100_000);
+    let big = "v".repeat(10_000);
+    for _ in 0..100 {
+        apply_put(&mut store, put("a", &big));
+        assert!(
+            store.sizes().history <= 100_000,
+            "history holds {} bytes",
+            store.sizes().history
+        );
+    }
+    assert!(
+        store.compact_revision() > 80,
+        "{}",
+        store.compact_revision()
+    );
+    // The live value and the latest revisions are still there.
+    let now = store.range(&get("a", "")).unwrap();
+    assert_eq!(now.kvs[0].value.len(), 10_000);
+    assert!(store.events_since(b"a", b"", store.revision()).is_ok());
+    assert!(store.events_since(b"a", b"", 2).is_err());
+    // Without a bound only the revision count compacts.
+    let mut unbounded = self::store();
+    for _ in 0..100 {
+        apply_put(&mut unbounded, put("a", &big));
+    }
+    assert_eq!(unbounded.compact_revision(), 0);
+}
+
+/// At the quota, a write that adds data is refused before it is proposed; deletions, reads
+/// in a txn, revocations and compactions pass, and once space is freed writes pass again.
+#[test]
+fn the_quota_refuses_writes_that_add_data() {
+    let mut store = store();
+    apply_put(&mut store, put("a", &"v".repeat(5_000)));
+    let quota = store.sizes().live;
+    let add = Command::Put(put("b", "1"));
+    assert_eq!(store.check_quota(&add, quota), Err(StoreError::NoSpace));
+    assert_eq!(store.check_quota(&add, quota + 1), Ok(()));
+    let writing_txn = Command::Txn(TxnRequest {
+        success: vec![RequestOp {
+            request: Some(Request::RequestPut(put("b", "1"))),
+        }],
+        ..TxnRequest::default()
+    });
+    assert_eq!(
+        store.check_quota(&writing_txn, quota),
+        Err(StoreError::NoSpace)
+    );
+    let reading_txn = Command::Txn(TxnRequest {
+        success: vec![RequestOp {
+            request: Some(Request::RequestRange(get("a", ""))),
+        }],
+        ..TxnRequest::default()
+    });
+    for passes in [
+        reading_txn,
+        Command::DeleteRange(delete("a", "")),
+        Command::LeaseRevoke { id: 1 },
+        Command::Compact { revision: 2 },
+    ] {
+        assert_eq!(store.check_quota(&passes, quota), Ok(()), "{passes:?}");
+    }
+    // The deletion frees the room at once (its history is bounded apart).
+    ok(store.apply(&Command::DeleteRange(delete("a", ""))));
+    assert_eq!(store.check_quota(&add, quota), Ok(()));
+}

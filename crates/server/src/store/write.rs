@@ -9,7 +9,9 @@ use crate::proto::etcdserverpb::{
 };
 use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
 
-use super::{check, event_revision, Lease, Store, StoreError, MIN_LEASE_TTL_SECONDS};
+use super::{
+    check, event_bytes, event_revision, live_bytes, Lease, Store, StoreError, MIN_LEASE_TTL_SECONDS,
+};
 
 impl Store {
     pub(super) fn put(&mut self, request: &PutRequest) -> Result<PutResponse, StoreError> {
@@ -58,6 +60,8 @@ impl Store {
     /// Puts at `revision` (checked before: the lease exists, and the key does if ignore_* is
     /// set). Returns the key's previous state.
     pub(super) fn write_put(&mut self, request: &PutRequest, revision: i64) -> Option<KeyValue> {
+        // Counted before the change, then kept in step with it.
+        self.sizes();
         let prev = self.kvs.get(&request.key).cloned();
         let kv = match &prev {
             Some(prev) => KeyValue {
@@ -94,12 +98,16 @@ impl Store {
             prev.as_ref().map_or(0, |prev| prev.lease),
             kv.lease,
         );
-        self.kvs.insert(kv.key.clone(), kv.clone());
-        self.history.push_back(Event {
+        let event = Event {
             r#type: EventType::Put as i32,
-            kv: Some(kv),
+            kv: Some(kv.clone()),
             prev_kv: prev.clone(),
-        });
+        };
+        self.sizes.live += live_bytes(&kv);
+        self.sizes.live -= prev.as_ref().map_or(0, live_bytes);
+        self.sizes.history += event_bytes(&event);
+        self.kvs.insert(kv.key.clone(), kv);
+        self.history.push_back(event);
         prev
     }
 
@@ -118,6 +126,7 @@ impl Store {
     }
 
     fn write_delete_key(&mut self, key: Vec<u8>, revision: i64) -> Option<KeyValue> {
+        self.sizes();
         let prev = self.kvs.remove(&key)?;
         self.move_to_lease(&key, prev.lease, 0);
         // etcd's tombstone: only the key and the deletion's revision.
@@ -126,11 +135,14 @@ impl Store {
             mod_revision: revision,
             ..KeyValue::default()
         };
-        self.history.push_back(Event {
+        let event = Event {
             r#type: EventType::Delete as i32,
             kv: Some(tombstone),
             prev_kv: Some(prev.clone()),
-        });
+        };
+        self.sizes.live -= live_bytes(&prev);
+        self.sizes.history += event_bytes(&event);
+        self.history.push_back(event);
         Some(prev)
     }
 
@@ -207,11 +219,17 @@ impl Store {
     }
 
     fn compact_to(&mut self, revision: i64) {
+        self.sizes();
         self.compact_revision = revision;
         let first_kept = self
             .history
             .partition_point(|event| event_revision(event) < revision);
-        self.history.drain(..first_kept);
+        let freed: u64 = self
+            .history
+            .drain(..first_kept)
+            .map(|e| event_bytes(&e))
+            .sum();
+        self.sizes.history -= freed;
     }
 
     /// Keeps between `history_revisions` and twice that: compacting in halves keeps the cost
@@ -220,6 +238,23 @@ impl Store {
         let keep = self.config.history_revisions.max(1);
         if self.revision - self.compact_revision > keep.saturating_mul(2) {
             self.compact_to(self.revision - keep);
+        }
+        // The byte bound (a big value written over and over): down to half of it, at a
+        // revision's start, never past the current revision.
+        if self.history_bytes > 0 && self.sizes().history > self.history_bytes {
+            let target = self.history_bytes / 2;
+            let mut left = self.sizes.history;
+            let mut cut = self.revision;
+            for event in &self.history {
+                if left <= target {
+                    cut = event_revision(event);
+                    break;
+                }
+                left -= event_bytes(event);
+            }
+            if cut > self.compact_revision {
+                self.compact_to(cut);
+            }
         }
     }
 }
