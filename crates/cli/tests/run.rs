@@ -768,3 +768,53 @@ fn observe_ends_quietly_when_its_reader_closes_the_pipe() {
     assert!(exited.success(), "{exited}: {stderr}");
     assert!(stderr.is_empty(), "{stderr}");
 }
+
+/// A key with no lease under an election (an `etcdctl put` into baton's prefix) is no baton
+/// candidate, and no lease ever removes it: a candidate queued behind it says so on stderr,
+/// naming the key, rather than wait in silence; once the key is deleted it leads. On etcd
+/// whatever backend the other tests use (the key layout is etcd's).
+#[test]
+fn a_key_with_no_lease_ahead_in_the_election_is_named() {
+    let dir = scratch("foreign-key");
+    let election = unique("foreign");
+    let key = format!("/baton-cli-test/{election}/@candidates/garbage");
+    let etcdctl = |args: &[&str]| {
+        let status = std::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &etcd()])
+            .args(args)
+            .stdout(Stdio::null())
+            .status()
+            .expect("etcdctl (from etcd-client) must be installed; scripts/test installs it");
+        assert!(status.success(), "etcdctl {args:?}");
+    };
+    etcdctl(&["put", &key, ""]);
+    let stderr_path = dir.join("b.stderr");
+    let mut child = baton()
+        .args([
+            "run",
+            "--backend",
+            &format!("etcd://{}/baton-cli-test", etcd()),
+        ])
+        .args(["--election", &election, "--ttl", "2s", "--"])
+        .args(["sh", "-c", &token_script(&dir, "b")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("the warning", Duration::from_secs(10), || {
+        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        (stderr.contains("a key with no lease is ahead in the election") && stderr.contains(&key))
+            .then_some(())
+    });
+    assert_eq!(
+        read_number(&dir.join("b.token")),
+        None,
+        "it led behind the key"
+    );
+    etcdctl(&["del", &key]);
+    wait_leads(&mut child, &dir, "b", Duration::from_secs(10));
+    signal(child.id() as i32, libc::SIGTERM);
+    child.wait().unwrap();
+}

@@ -191,10 +191,7 @@ impl Queue for EtcdBackend {
         }
         let at = read_point(response.header());
         let ahead = response.op_responses().iter().find_map(|op| match op {
-            TxnOpResponse::Get(get) => get
-                .kvs()
-                .first()
-                .map(|kv| (kv.key().to_vec(), position(kv.create_revision()))),
+            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| ahead_of(entrant, kv)),
             _ => None,
         });
         Ok(Located::Exists { ahead, at })
@@ -301,9 +298,7 @@ impl EtcdBackend {
             // Only if the read is what it must be: our key first, with this revision.
             if let Some([ours, rest @ ..]) = range {
                 if ours.key() == key && ours.create_revision() == created {
-                    let ahead = rest
-                        .first()
-                        .map(|kv| (kv.key().to_vec(), position(kv.create_revision())));
+                    let ahead = rest.first().map(|kv| ahead_of(entrant, kv));
                     let located = Located::Exists {
                         ahead,
                         at: read_point(response.header()),
@@ -390,6 +385,21 @@ impl EtcdBackend {
 }
 
 /// The entries of an election, keys only, newest (queue's last) first.
+/// The entry just ahead of ours, as the queue sees it. Every baton entry is bound to a lease:
+/// one without is someone else's key under the election (an `etcdctl put`, say), which no
+/// lease ever removes, so we would wait behind it for good. Said as a warning each time a
+/// candidate finds it ahead, with the key to delete.
+fn ahead_of(entrant: &EtcdEntrant, kv: &super::client::KeyValue) -> (Vec<u8>, Position) {
+    if kv.lease() == 0 {
+        tracing::warn!(
+            election = %entrant.election,
+            key = %String::from_utf8_lossy(kv.key()),
+            "a key with no lease is ahead in the election: not a baton candidate, it blocks the election until it is deleted"
+        );
+    }
+    (kv.key().to_vec(), position(kv.create_revision()))
+}
+
 fn newest_first() -> GetOptions {
     GetOptions::new()
         .with_prefix()
