@@ -294,6 +294,13 @@ impl Store {
         &mut self.sizes
     }
 
+    /// [`Store::bytes`] counted from the state, for tests of the counts kept in step.
+    #[cfg(test)]
+    pub(crate) fn bytes_from_scratch(&self) -> u64 {
+        self.kvs.values().map(live_bytes).sum::<u64>()
+            + self.history.iter().map(event_bytes).sum::<u64>()
+    }
+
     /// Bytes the store holds: live keys and values, and history (see `live_bytes`).
     pub fn bytes(&mut self) -> u64 {
         let sizes = self.sizes();

@@ -940,9 +940,12 @@ proptest! {
                 prop_assert_eq!(applied.result, Err(error));
             }
             assert_agree(&store, &model, probe)?;
+            // The byte counts kept in step equal a count from scratch after every command.
+            prop_assert_eq!(store.bytes(), store.bytes_from_scratch(), "after {:?}", command);
         }
         let bytes = bincode::serialize(&store).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let back: Store = bincode::deserialize(&bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut back: Store = bincode::deserialize(&bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(back.bytes(), store.bytes());
         prop_assert_eq!(back, store);
     }
 
