@@ -777,7 +777,8 @@ fn observe_ends_quietly_when_its_reader_closes_the_pipe() {
 fn a_key_with_no_lease_ahead_in_the_election_is_named() {
     let dir = scratch("foreign-key");
     let election = unique("foreign");
-    let key = format!("/baton-cli-test/{election}/@candidates/garbage");
+    // With a newline in it: the warning still is one line (the key quoted and escaped).
+    let key = format!("/baton-cli-test/{election}/@candidates/garbage\nsecond line");
     let etcdctl = |args: &[&str]| {
         let status = std::process::Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
@@ -803,11 +804,17 @@ fn a_key_with_no_lease_ahead_in_the_election_is_named() {
         .stderr(std::fs::File::create(&stderr_path).unwrap())
         .spawn()
         .unwrap();
-    wait_for("the warning", Duration::from_secs(10), || {
+    let escaped = key.replace('\n', "\\n");
+    let stderr = wait_for("the warning", Duration::from_secs(10), || {
         let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-        (stderr.contains("a key with no lease is ahead in the election") && stderr.contains(&key))
-            .then_some(())
+        (stderr.contains("a key with no lease is ahead in the election")
+            && stderr.contains(&escaped))
+        .then_some(stderr)
     });
+    assert!(
+        stderr.lines().all(|line| line.starts_with("baton: ")),
+        "{stderr}"
+    );
     assert_eq!(
         read_number(&dir.join("b.token")),
         None,

@@ -454,7 +454,27 @@ fn the_quota_bounds_the_data_and_the_memory() {
     assert!(stderr.contains("database space exceeded"), "{stderr}");
     // 4 MiB takes two or three such values (with their keys and bookkeeping), not more.
     assert!((2..=3).contains(&at), "refused at the write of value {at}");
-    ctl(&server, &["del", "--prefix", "/q/"]);
+    // A txn that only deletes passes at the quota (baton's resign is one): here every value.
+    let mut txn = etcdctl(&server)
+        .arg("txn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    txn.stdin
+        .take()
+        .unwrap()
+        .write_all(b"\ndel /q/ /q0\n\n\n")
+        .unwrap();
+    let output = txn.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "a deleting txn at the quota: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let left = ctl(&server, &["get", "--prefix", "/q/", "--keys-only"]);
+    assert_eq!(left.trim(), "", "left after the deleting txn");
     // Room again at once; then the same key over and over: 25 × 1.4 MB through the log and
     // the history, which held all of it before (about 70 MB more memory).
     let before = peak_rss(server.pid());

@@ -318,15 +318,17 @@ impl Store {
         self.history_bytes
     }
 
-    /// Refuses a write that adds data (a put, or a txn that may put) while the live keys and
-    /// values take `quota` bytes or more; deletions, revocations and compactions always pass,
-    /// and free room at once (history is bounded apart, see [`Store::set_history_bytes`]).
+    /// Refuses a write that puts (a put, or a txn that may put on some branch, nested txns
+    /// included) while the live keys and values take `quota` bytes or more, as etcd refuses
+    /// puts under its space alarm; deletions (also in a txn), revocations and compactions
+    /// always pass, and free room at once (history is bounded apart, see
+    /// [`Store::set_history_bytes`]).
     /// Checked before proposing, as etcd checks its backend quota: the refused write never
     /// takes a place in the log.
     pub fn check_quota(&mut self, command: &Command, quota: u64) -> Result<(), StoreError> {
         let adds = match command {
             Command::Put(_) => true,
-            Command::Txn(request) => !txn_is_read_only(request),
+            Command::Txn(request) => txn::txn_may_put(request),
             _ => false,
         };
         if adds && self.sizes().live >= quota {

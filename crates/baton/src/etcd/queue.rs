@@ -393,7 +393,8 @@ fn ahead_of(entrant: &EtcdEntrant, kv: &super::client::KeyValue) -> (Vec<u8>, Po
     if kv.lease() == 0 {
         tracing::warn!(
             election = %entrant.election,
-            key = %String::from_utf8_lossy(kv.key()),
+            // Quoted and escaped: a key may hold a newline, and this is one line.
+            key = ?String::from_utf8_lossy(kv.key()),
             "a key with no lease is ahead in the election: not a baton candidate, it blocks the election until it is deleted"
         );
     }

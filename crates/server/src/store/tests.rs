@@ -1423,8 +1423,22 @@ fn the_quota_refuses_writes_that_add_data() {
         }],
         ..TxnRequest::default()
     });
+    // A txn that only deletes (baton's resign: delete if the create revision is ours), also
+    // nested, frees room: it passes.
+    let deleting_txn = Command::Txn(TxnRequest {
+        success: vec![RequestOp {
+            request: Some(Request::RequestTxn(TxnRequest {
+                success: vec![RequestOp {
+                    request: Some(Request::RequestDeleteRange(delete("a", ""))),
+                }],
+                ..TxnRequest::default()
+            })),
+        }],
+        ..TxnRequest::default()
+    });
     for passes in [
         reading_txn,
+        deleting_txn,
         Command::DeleteRange(delete("a", "")),
         Command::LeaseRevoke { id: 1 },
         Command::Compact { revision: 2 },

@@ -232,6 +232,20 @@ pub fn txn_is_read_only(request: &TxnRequest) -> bool {
         })
 }
 
+/// Whether a txn may put on some branch (nested txns included): what the quota refuses at
+/// the limit. A txn that only reads or deletes frees room or leaves it as it is.
+pub fn txn_may_put(request: &TxnRequest) -> bool {
+    request
+        .success
+        .iter()
+        .chain(&request.failure)
+        .any(|op| match &op.request {
+            Some(Request::RequestPut(_)) => true,
+            Some(Request::RequestTxn(nested)) => txn_may_put(nested),
+            Some(Request::RequestRange(_) | Request::RequestDeleteRange(_)) | None => false,
+        })
+}
+
 /// The ops a txn runs when its compares did (not) hold.
 fn branch(request: &TxnRequest, succeeded: bool) -> &[RequestOp] {
     if succeeded {
