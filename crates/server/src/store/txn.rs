@@ -221,28 +221,27 @@ impl Store {
 
 /// Whether no op on any branch, nested txns included, writes.
 pub fn txn_is_read_only(request: &TxnRequest) -> bool {
-    request
-        .success
-        .iter()
-        .chain(&request.failure)
-        .all(|op| match &op.request {
-            Some(Request::RequestPut(_) | Request::RequestDeleteRange(_)) => false,
-            Some(Request::RequestTxn(nested)) => txn_is_read_only(nested),
-            Some(Request::RequestRange(_)) | None => true,
-        })
+    !any_op(request, &|op| {
+        matches!(op, Request::RequestPut(_) | Request::RequestDeleteRange(_))
+    })
 }
 
 /// Whether a txn may put on some branch (nested txns included): what the quota refuses at
 /// the limit. A txn that only reads or deletes frees room or leaves it as it is.
 pub fn txn_may_put(request: &TxnRequest) -> bool {
+    any_op(request, &|op| matches!(op, Request::RequestPut(_)))
+}
+
+/// Whether an op on either branch, nested txns looked into, is one `hit` is true of.
+fn any_op(request: &TxnRequest, hit: &dyn Fn(&Request) -> bool) -> bool {
     request
         .success
         .iter()
         .chain(&request.failure)
         .any(|op| match &op.request {
-            Some(Request::RequestPut(_)) => true,
-            Some(Request::RequestTxn(nested)) => txn_may_put(nested),
-            Some(Request::RequestRange(_) | Request::RequestDeleteRange(_)) | None => false,
+            Some(Request::RequestTxn(nested)) => any_op(nested, hit),
+            Some(other) => hit(other),
+            None => false,
         })
 }
 
