@@ -246,7 +246,10 @@ async fn keep_checking(
 async fn check(endpoint: &Endpoint, probe: &mut Option<KvClient<Channel>>) -> Result<u64, String> {
     let ask = async {
         if probe.is_none() {
-            let channel = endpoint.connect().await.map_err(|e| deepest(&e))?;
+            let channel = endpoint
+                .connect()
+                .await
+                .map_err(|e| cause(tonic::Status::from_error(Box::new(e))))?;
             *probe = Some(KvClient::new(channel));
         }
         let Some(kv) = probe.as_mut() else {
@@ -257,14 +260,7 @@ async fn check(endpoint: &Endpoint, probe: &mut Option<KvClient<Channel>>) -> Re
             count_only: true,
             ..Default::default()
         };
-        let response = kv
-            .range(request)
-            .await
-            .map_err(|status| match status.code() {
-                tonic::Code::Unavailable | tonic::Code::Unknown => deepest(&status),
-                _ => status.message().to_string(),
-            })?
-            .into_inner();
+        let response = kv.range(request).await.map_err(cause)?.into_inner();
         Ok(response.header.map_or(0, |header| header.cluster_id))
     };
     let found = match tokio::time::timeout(CHECK_TIMEOUT, ask).await {
@@ -277,12 +273,9 @@ async fn check(endpoint: &Endpoint, probe: &mut Option<KvClient<Channel>>) -> Re
     found
 }
 
-/// The innermost message of an error chain ("Connection refused (os error 111)" rather than
-/// "transport error"), without commas, so that it survives being quoted in a status message.
-fn deepest(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut current = error;
-    while let Some(source) = current.source() {
-        current = source;
-    }
-    current.to_string().replace(',', ";")
+/// Why a check failed, as the backend's errors say it (the operating system's "Connection
+/// refused", not a page of gRPC status), without commas, so that it survives being quoted in
+/// a status message.
+fn cause(status: tonic::Status) -> String {
+    super::root_cause(&super::client::Error::GRpcStatus(status)).replace(',', ";")
 }

@@ -532,7 +532,7 @@ fn has_io_source(error: &dyn std::error::Error) -> bool {
 
 /// The most telling message of an error chain: the operating system's "Connection refused"
 /// rather than a page of gRPC status.
-fn root_cause(error: &client::Error) -> String {
+pub(super) fn root_cause(error: &client::Error) -> String {
     let mut source: Option<&dyn std::error::Error> = match error {
         client::Error::GRpcStatus(status) => Some(status),
         _ => Some(error),
