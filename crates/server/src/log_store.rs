@@ -64,8 +64,34 @@ enum Write {
 pub struct LogStore {
     cached: Arc<Mutex<Cached>>,
     writer: Arc<Writer>,
-    /// The encoded bytes of the unpurged log, which memory holds too (see [`LogStore::bytes`]).
-    bytes: Arc<AtomicU64>,
+    /// How big the unpurged log is, which memory holds too (see [`LogStore::growth`]).
+    growth: Arc<Growth>,
+}
+
+/// The encoded bytes of the unpurged log, and a signal each time an append leaves them past a
+/// bound: the server then takes a snapshot, which purges the log.
+pub struct Growth {
+    bytes: AtomicU64,
+    /// No bound until [`LogStore::growth`] sets one.
+    limit: AtomicU64,
+    past: tokio::sync::Notify,
+}
+
+impl Growth {
+    /// The encoded bytes of the unpurged log.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The bound.
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Waits for an append that leaves the log past the bound (one stored if none waited).
+    pub async fn past_limit(&self) {
+        self.past.notified().await
+    }
 }
 
 /// The writer thread's queue and the thread itself. The last `LogStore` to go closes the queue
@@ -98,7 +124,11 @@ impl LogStore {
     /// the writer thread.
     pub fn open(db: Arc<Database>) -> io::Result<LogStore> {
         let cached = load(&db)?;
-        let bytes = Arc::new(AtomicU64::new(cached.sizes.values().sum()));
+        let growth = Arc::new(Growth {
+            bytes: AtomicU64::new(cached.sizes.values().sum()),
+            limit: AtomicU64::new(u64::MAX),
+            past: tokio::sync::Notify::new(),
+        });
         let (sender, queue) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("baton-raft-log".into())
@@ -109,20 +139,21 @@ impl LogStore {
                 queue: sender,
                 thread: Some(thread),
             }),
-            bytes,
+            growth,
         })
     }
 
-    /// The encoded bytes of the unpurged log, kept in memory as well: the server takes a
-    /// snapshot (which purges the log) when they pass a bound, not only every so many entries.
-    pub fn bytes(&self) -> Arc<AtomicU64> {
-        self.bytes.clone()
+    /// The size of the unpurged log, kept in memory as well, signalling past `limit` bytes:
+    /// the server takes a snapshot (which purges the log) then, not only every so many entries.
+    pub fn growth(&self, limit: u64) -> Arc<Growth> {
+        self.growth.limit.store(limit, Ordering::Relaxed);
+        self.growth.clone()
     }
 
     /// Drops the sizes of the entries in `removed` from the count.
     fn forget_sizes(&self, removed: BTreeMap<u64, u64>) {
         let freed: u64 = removed.values().sum();
-        self.bytes.fetch_sub(freed, Ordering::Relaxed);
+        self.growth.bytes.fetch_sub(freed, Ordering::Relaxed);
     }
 
     /// The last log entry folded into a snapshot and removed from the log, if any.
@@ -462,11 +493,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 let size = bytes.len() as u64;
                 // An entry written again at an index (after a truncation) replaces the old one.
                 let old = cached.sizes.insert(entry.log_id.index, size).unwrap_or(0);
-                self.bytes.fetch_add(size, Ordering::Relaxed);
-                self.bytes.fetch_sub(old, Ordering::Relaxed);
+                self.growth.bytes.fetch_add(size, Ordering::Relaxed);
+                self.growth.bytes.fetch_sub(old, Ordering::Relaxed);
                 encoded.push((entry.log_id.index, bytes));
                 cached.entries.insert(entry.log_id.index, entry);
             }
+        }
+        if self.growth.bytes() > self.growth.limit() {
+            self.growth.past.notify_one();
         }
         self.send(Write::Append(encoded, Some(callback)))
     }

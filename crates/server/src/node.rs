@@ -383,7 +383,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         },
     }));
     let log = LogStore::open(db).map_err(data)?;
-    let log_bytes = log.bytes();
+    let log_growth = log.growth(config.quota_bytes / 4);
     // Entries folded into a snapshot are gone from the log: without that snapshot (deleted, or
     // an older one copied in) the state before them cannot be rebuilt.
     if let Some(purged) = log.last_purged() {
@@ -441,11 +441,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     // Bounded: when the log cannot keep up, clients wait to be queued.
     let (proposals, pending) = mpsc::channel(MAX_QUEUED_PROPOSALS);
     let proposer = tokio::spawn(run_proposer(raft.clone(), pending));
-    tokio::spawn(snapshot_when_the_log_grows(
-        raft.clone(),
-        log_bytes,
-        config.quota_bytes / 4,
-    ));
+    let snapshots = tokio::spawn(snapshot_when_the_log_grows(raft.clone(), log_growth));
     let node = Arc::new(Node {
         id: identity.member_id,
         raft,
@@ -458,6 +454,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     });
     let tasks = vec![
         proposer,
+        snapshots,
         spawn_expiry(node.clone()),
         spawn_term_watch(node.clone()),
     ];
@@ -525,29 +522,19 @@ fn spawn_term_watch(node: Arc<Node>) -> JoinHandle<()> {
     })
 }
 
-/// Takes a snapshot (which purges the log, kept in memory as well) whenever the log holds more
-/// than `limit` bytes, so that a few big values written over and over cannot fill memory long
-/// before `snapshot_every` entries. Ends with the Raft member.
-async fn snapshot_when_the_log_grows(
-    raft: Raft<TypeConfig>,
-    bytes: Arc<std::sync::atomic::AtomicU64>,
-    limit: u64,
-) {
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last: Option<tokio::time::Instant> = None;
+/// Takes a snapshot (which purges the log, kept in memory as well) whenever an append leaves
+/// the log past its bound, so that a few big values written over and over cannot fill memory
+/// long before `snapshot_every` entries. Aborted with the server's other tasks.
+async fn snapshot_when_the_log_grows(raft: Raft<TypeConfig>, growth: Arc<log_store::Growth>) {
     loop {
-        tick.tick().await;
-        if bytes.load(std::sync::atomic::Ordering::Relaxed) <= limit {
+        growth.past_limit().await;
+        if growth.bytes() <= growth.limit() {
             continue;
         }
-        // A snapshot is built in the background: give it time before asking again.
-        if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
-            continue;
-        }
-        last = Some(tokio::time::Instant::now());
         if raft.trigger().snapshot().await.is_err() {
             return;
         }
+        // A snapshot is built in the background: give it time before asking again.
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
