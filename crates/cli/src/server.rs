@@ -179,25 +179,21 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
 
 /// A size in bytes: a whole number, optionally followed by KiB, MiB or GiB.
 fn bytes(text: &str) -> Result<u64, String> {
+    let not_a_size =
+        || format!("{text:?} is not a size (a number of bytes, or with KiB, MiB or GiB)");
     let text = text.trim();
-    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(at) => text.split_at(at),
-        None => (text, ""),
-    };
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
     let shift = match unit {
         "" | "B" => 0,
         "KiB" => 10,
         "MiB" => 20,
         "GiB" => 30,
-        _ => {
-            return Err(format!(
-                "{text:?} is not a size (a number of bytes, or with KiB, MiB or GiB)"
-            ))
-        }
+        _ => return Err(not_a_size()),
     };
-    let number: u64 = number.parse().map_err(|_| {
-        format!("{text:?} is not a size (a number of bytes, or with KiB, MiB or GiB)")
-    })?;
+    let number: u64 = number.parse().map_err(|_| not_a_size())?;
     number
         .checked_mul(1 << shift)
         .ok_or_else(|| format!("{text:?} is too large"))
