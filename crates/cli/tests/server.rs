@@ -57,8 +57,13 @@ impl ServerProcess {
     /// Starts again on the same address and data directory (in place: dropping a
     /// `ServerProcess` removes its data directory).
     fn restart(&mut self) {
+        self.restart_with(&[]);
+    }
+
+    /// [`ServerProcess::restart`] with more flags.
+    fn restart_with(&mut self, flags: &[&str]) {
         assert!(self.child.is_none());
-        let (child, _) = launch(server_command(&self.addr, &self.data, &[]));
+        let (child, _) = launch(server_command(&self.addr, &self.data, flags));
         self.child = Some(child);
     }
 }
@@ -493,6 +498,27 @@ fn the_quota_bounds_the_data_and_the_memory() {
     );
     let at_two = ctl_fails(&server, &["get", "/same", "--rev=2"]);
     assert!(at_two.contains("compacted"), "{at_two}");
+}
+
+/// A server restarted at its quota counts its data again from what it restored (the counts are
+/// not in the snapshot): writes that add data are still refused, and a deletion frees room.
+#[test]
+fn the_quota_holds_across_a_restart() {
+    let dir = scratch("server-quota-restart");
+    let mut server = ServerProcess::start_with("127.0.0.1:0", &dir, &["--quota-bytes", "4MiB"]);
+    let value = vec![b'v'; 1_400_000];
+    let refused = (0..10).find(|i| !put_from_stdin(&server, &format!("/r/{i:02}"), &value).0);
+    let refused = refused.expect("the quota never refused a write");
+    server.stop();
+    server.restart_with(&["--quota-bytes", "4MiB"]);
+    let (ok, stderr) = put_from_stdin(&server, "/r/after", &value);
+    assert!(
+        !ok && stderr.contains("database space exceeded"),
+        "{stderr}"
+    );
+    ctl(&server, &["del", "/r/00"]);
+    let (ok, stderr) = put_from_stdin(&server, &format!("/r/{refused:02}"), &value);
+    assert!(ok, "after a deletion: {stderr}");
 }
 
 /// SIGHUP (the terminal or SSH session that started it closed) stops the server as SIGTERM
