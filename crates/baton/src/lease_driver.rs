@@ -40,6 +40,10 @@ pub(crate) trait LeaseTransport: Send + 'static {
     fn grant(&mut self, ttl: Duration) -> impl Future<Output = Result<Duration>> + Send;
     /// Sends one renewal (reconnecting the renewal stream if needed).
     fn send_renewal(&mut self) -> impl Future<Output = Result<()>> + Send;
+    /// Forgets every renewal in flight: no answer to one of them may come out of
+    /// [`LeaseTransport::next_renewal`] any more. The way they travelled (a stream, a
+    /// connection) is given up; the next send opens another, on another server if it can.
+    fn reopen(&mut self);
     /// Waits for the next renewal answer: the granted TTL, zero when the lease is gone. Must
     /// be cancel-safe and must pend (not fail repeatedly) while no stream is open.
     fn next_renewal(&mut self) -> impl Future<Output = Result<Duration>> + Send;
@@ -288,6 +292,7 @@ async fn drive_lease<T: LeaseTransport>(
                         }
                     }
                 }
+                LeaseAction::Reopen => transport.reopen(),
                 LeaseAction::Expired => {
                     outputs.over();
                     return;
@@ -418,6 +423,11 @@ mod tests {
                 }
             });
             Ok(())
+        }
+
+        fn reopen(&mut self) {
+            // Answers of the renewals sent so far go to the old channel, never read.
+            (self.answers_tx, self.answers_rx) = mpsc::unbounded_channel();
         }
 
         async fn next_renewal(&mut self) -> Result<Duration> {

@@ -564,6 +564,10 @@ impl LeaseTransport for MemLeaseTransport {
         Ok(())
     }
 
+    fn reopen(&mut self) {
+        self.answers.clear();
+    }
+
     async fn next_renewal(&mut self) -> Result<Duration> {
         match self.answers.pop_front() {
             Some(answer) => Ok(answer),

@@ -440,3 +440,8 @@ async fn etcd_answers_as_the_server_checks() {
 async fn a_dead_endpoint_in_the_url_is_left_out() {
     etcd_support::check_a_dead_endpoint_is_left_out(&etcd()).await;
 }
+
+#[tokio::test]
+async fn a_hung_member_in_the_url_ends_no_term() {
+    etcd_support::check_a_hung_member_ends_no_term(&etcd()).await;
+}

@@ -72,6 +72,11 @@ async fn a_dead_endpoint_in_the_url_is_left_out() {
     etcd_support::check_a_dead_endpoint_is_left_out(server_support::shared()).await;
 }
 
+#[tokio::test]
+async fn a_hung_member_in_the_url_ends_no_term() {
+    etcd_support::check_a_hung_member_ends_no_term(server_support::shared()).await;
+}
+
 /// Two separate servers in one URL would hand out the same revisions, so the same token, to
 /// two leaders: the URL is refused at connect, saying which endpoint is which cluster.
 #[tokio::test]

@@ -267,3 +267,52 @@ fn zombies_of(pid: u32) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// A member of a multi-endpoint URL that hangs (accepts connections, never answers: a stopped
+/// process, a partition) ends no term and deafens no waiter. The URL's first endpoint is a
+/// proxy to the etcd API under test, then partitioned; a lease's renewals and the watches go
+/// to the first endpoint that answers, so every leader's and the waiter's streams start there.
+/// Before, such a stream stayed silent until HTTP/2's pings gave up (15 s): leaders at TTL 2 s
+/// lost their terms, and the waiter slept through its predecessor's resign.
+#[test]
+fn a_hung_member_of_the_url_ends_no_term_and_deafens_no_waiter() {
+    let dir = scratch("hung-member");
+    let live = etcd_api();
+    let hung = Proxy::start(live.clone());
+    let url = format!("etcd://127.0.0.1:{},{live}/baton-cli-test", hung.port);
+    let elections: Vec<String> = (0..3).map(|n| unique(&format!("hung-{n}"))).collect();
+    let leaders: Vec<Runner> = elections
+        .iter()
+        .zip(["a", "b", "c"])
+        .map(|(election, name)| Runner::start(&url, election, "2s", &dir, name))
+        .collect();
+    for leader in &leaders {
+        leader.wait_running(Duration::from_secs(10));
+    }
+    let waiter = Runner::start(&url, &elections[0], "2s", &dir, "w");
+    wait_queued_at(&url_of(&live), &elections[0], 2);
+
+    hung.set_partitioned(true);
+    std::thread::sleep(Duration::from_secs(5));
+    for leader in &leaders {
+        let pid = leader.child_pid().unwrap();
+        assert!(
+            alive(pid) && !leader.stderr().contains("lost"),
+            "a leader lost its term to a hung member: {}",
+            leader.stderr()
+        );
+    }
+    assert!(waiter.token().is_none());
+    // The first leader hands over: its successor's watch started on the hung member.
+    signal(leaders[0].child.id() as i32, libc::SIGTERM);
+    let handed_at = Instant::now();
+    waiter.wait_running(Duration::from_secs(3));
+    let waited = handed_at.elapsed();
+    hung.set_partitioned(false);
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+}
+
+/// The tests' URL for the etcd API at `endpoint`.
+fn url_of(endpoint: &str) -> String {
+    format!("etcd://{endpoint}/baton-cli-test")
+}

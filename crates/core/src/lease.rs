@@ -14,6 +14,10 @@
 //! [`Action::Expired`] even if the server has said nothing; a rival can only win after the
 //! server-side expiry, which is later. A late acknowledgement can only move the deadline to its
 //! own send time plus the shrunk TTL, so it never stretches a lease past what the server granted.
+//!
+//! A renewal left unanswered for a whole renew interval is given up, with the stream it went
+//! on ([`Action::Reopen`]), and sent again: a member that hangs, or a connection dropped
+//! without a word, would otherwise swallow every renewal until the lease ran out.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -38,6 +42,12 @@ pub enum Action {
     },
     /// Send one renewal now. The core has taken the `now` it was given as the send time.
     Renew,
+    /// Forget every renewal in flight: an answer to one of them must never be fed to
+    /// [`LeaseCore::handle_renewed`] (it would be matched to a later send time). A renewal
+    /// failed, or the oldest one went unanswered for a whole renew interval, so the way
+    /// renewals travel (a stream, a connection) is taken as dead: open another, on another
+    /// server if there is one. A [`Action::Renew`] follows.
+    Reopen,
     /// The lease is over (local deadline passed, or the server said it is gone): everything
     /// held under it must stop now.
     Expired,
@@ -213,12 +223,13 @@ impl LeaseCore {
     }
 
     /// A renewal failed in transit (stream broken, timeout). Outstanding renewals are forgotten
-    /// and a new one is scheduled soon; the deadline is unchanged.
+    /// ([`Action::Reopen`]) and a new one is scheduled soon; the deadline is unchanged.
     pub fn handle_renew_failed(&mut self, now: Instant) {
         if self.state != LeaseState::Active {
             return;
         }
         self.renewals_in_flight.clear();
+        self.actions.push_back(Action::Reopen);
         let retry = (self.config.renew_interval() / 4).clamp(MIN_RETRY, MAX_RETRY);
         self.next_renew_at = Some(now + retry);
         self.expire_if_due(now);
@@ -238,6 +249,15 @@ impl LeaseCore {
         }
         if self.expire_if_due(now) {
             return;
+        }
+        if self.unanswered_until().is_some_and(|until| now >= until) {
+            // A server answers a renewal in milliseconds; one silent for a whole interval is
+            // behind a stream that goes nowhere (a member that hangs, a connection a
+            // middlebox dropped without a word), which would stay silent until the lease ran
+            // out. Give those renewals up and send again at once, on a new stream.
+            self.renewals_in_flight.clear();
+            self.actions.push_back(Action::Reopen);
+            self.next_renew_at = Some(now);
         }
         let due = self.next_renew_at.is_some_and(|at| now >= at);
         if due && self.renewals_in_flight.len() < MAX_RENEWALS_IN_FLIGHT {
@@ -265,7 +285,17 @@ impl LeaseCore {
         } else {
             None
         };
-        Some(renew.map_or(deadline, |renew| renew.min(deadline)))
+        let first = [renew, self.unanswered_until()]
+            .into_iter()
+            .flatten()
+            .fold(deadline, Instant::min);
+        Some(first)
+    }
+
+    /// When the oldest renewal in flight will have gone unanswered for a renew interval.
+    fn unanswered_until(&self) -> Option<Instant> {
+        let oldest = *self.renewals_in_flight.front()?;
+        Some(oldest + self.config.renew_interval())
     }
 
     fn expire_if_due(&mut self, now: Instant) -> bool {
@@ -364,11 +394,13 @@ mod tests {
     #[test]
     fn acknowledged_send_stays_put_while_renewals_go_unanswered() {
         let mut core = granted(0, 10);
-        for now in [610, 1210] {
-            core.handle_timeout(at(now));
-            assert_eq!(drain(&mut core), vec![Action::Renew]);
-        }
+        core.handle_timeout(at(610));
+        assert_eq!(drain(&mut core), vec![Action::Renew]);
+        // Unanswered for an interval: given up, and sent again on a new stream.
+        core.handle_timeout(at(1210));
+        assert_eq!(drain(&mut core), vec![Action::Reopen, Action::Renew]);
         core.handle_renew_failed(at(1300));
+        assert_eq!(drain(&mut core), vec![Action::Reopen]);
         assert_eq!(core.acknowledged_send(), Some(at(0)));
         // A renewal after the failure, answered: it moves to that send.
         core.handle_timeout(at(1450));
@@ -380,10 +412,17 @@ mod tests {
     #[test]
     fn expires_at_the_deadline_when_the_server_is_silent() {
         let mut core = granted(0, 10);
-        // Renewals go out but are never answered.
-        for now in [610, 1210, 1810] {
+        // Renewals go out but are never answered: each is given up after an interval and
+        // sent again on a new stream, and none of that moves the deadline.
+        core.handle_timeout(at(610));
+        assert_eq!(drain(&mut core), vec![Action::Renew]);
+        for now in [1210, 1810] {
             core.handle_timeout(at(now));
-            assert_eq!(drain(&mut core), vec![Action::Renew], "at {now}");
+            assert_eq!(
+                drain(&mut core),
+                vec![Action::Reopen, Action::Renew],
+                "at {now}"
+            );
         }
         assert_eq!(core.poll_timeout(), Some(at(1880)));
         core.handle_timeout(at(1879));
@@ -411,20 +450,6 @@ mod tests {
         assert_eq!(drain(&mut core), vec![Action::Expired]);
         assert_eq!(core.deadline(), Some(at(1880)));
         assert_eq!(core.state(), LeaseState::Expired);
-    }
-
-    #[test]
-    fn late_ack_before_the_deadline_extends_no_further_than_send_plus_lease() {
-        let mut core = granted(0, 10);
-        core.handle_timeout(at(610));
-        core.handle_timeout(at(1210));
-        assert_eq!(drain(&mut core), vec![Action::Renew, Action::Renew]);
-        // One answer arrives at 1800; it is matched to the oldest send (610), not 1210.
-        core.handle_renewed(at(1800), ms(2000));
-        assert_eq!(drain(&mut core), vec![]);
-        assert_eq!(core.deadline(), Some(at(610 + 1880)));
-        core.handle_renewed(at(1900), ms(2000));
-        assert_eq!(core.deadline(), Some(at(1210 + 1880)));
     }
 
     #[test]
@@ -456,7 +481,8 @@ mod tests {
         core.handle_timeout(at(610));
         drain(&mut core);
         core.handle_renew_failed(at(700));
-        // Retry after renew/4 = 150 ms.
+        // The transport forgets what was in flight at once; retry after renew/4 = 150 ms.
+        assert_eq!(drain(&mut core), vec![Action::Reopen]);
         assert_eq!(core.poll_timeout(), Some(at(850)));
         core.handle_timeout(at(850));
         assert_eq!(drain(&mut core), vec![Action::Renew]);
@@ -466,17 +492,60 @@ mod tests {
     }
 
     #[test]
-    fn in_flight_renewals_are_bounded() {
+    fn a_silent_server_never_has_more_than_one_renewal_in_flight() {
         let mut core = granted(0, 10);
-        let config = config().with_renew_interval(ms(100));
-        core.config = config;
-        let mut sent = 0;
-        for now in (610..1800).step_by(100) {
+        core.config = config().with_renew_interval(ms(100));
+        let mut actions = Vec::new();
+        for now in (610..1800).step_by(10) {
             core.handle_timeout(at(now));
-            sent += drain(&mut core).len();
+            actions.extend(drain(&mut core));
+            assert!(core.renewals_in_flight.len() <= 1, "at {now}");
         }
-        assert_eq!(sent, MAX_RENEWALS_IN_FLIGHT);
-        assert_eq!(core.poll_timeout(), Some(at(1880)));
+        // One renewal, then every interval a reopen and a renewal; the deadline stays put.
+        assert_eq!(actions[0], Action::Renew);
+        assert_eq!(actions.len(), 1 + 2 * 11);
+        assert!(actions[1..]
+            .chunks(2)
+            .all(|pair| pair == [Action::Reopen, Action::Renew]));
+        assert_eq!(core.deadline(), Some(at(1880)));
+    }
+
+    #[test]
+    fn a_renewal_unanswered_for_an_interval_is_given_up_and_sent_again() {
+        let mut core = granted(0, 10);
+        core.handle_timeout(at(610));
+        assert_eq!(drain(&mut core), vec![Action::Renew]);
+        // Wake when the next renewal is due, which is also when this one has waited an
+        // interval.
+        assert_eq!(core.poll_timeout(), Some(at(1210)));
+        // An answer just inside the interval counts.
+        let mut answered = core.clone();
+        answered.handle_renewed(at(1209), ms(2000));
+        assert_eq!(answered.deadline(), Some(at(610 + 1880)));
+        // None by then: given up, and sent again at once.
+        core.handle_timeout(at(1210));
+        assert_eq!(drain(&mut core), vec![Action::Reopen, Action::Renew]);
+        assert_eq!(core.deadline(), Some(at(1880)));
+        // The new stream's answer counts from the new send.
+        core.handle_renewed(at(1215), ms(2000));
+        assert_eq!(core.deadline(), Some(at(1210 + 1880)));
+        assert_eq!(core.acknowledged_send(), Some(at(1210)));
+    }
+
+    /// The retry after a failure is the renewal in flight: its answer counts from its own
+    /// send, and it is given up an interval after it, when the next one is due.
+    #[test]
+    fn a_retry_after_a_failure_counts_from_its_own_send() {
+        let mut core = granted(0, 10);
+        core.handle_timeout(at(610));
+        drain(&mut core);
+        core.handle_renew_failed(at(700));
+        core.handle_timeout(at(850));
+        assert_eq!(drain(&mut core), vec![Action::Reopen, Action::Renew]);
+        // Next due at 1450, when the retry will also have waited an interval.
+        assert_eq!(core.poll_timeout(), Some(at(1450)));
+        core.handle_renewed(at(1400), ms(2000));
+        assert_eq!(core.deadline(), Some(at(850 + 1880)));
     }
 
     #[test]

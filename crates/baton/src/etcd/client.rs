@@ -169,6 +169,31 @@ impl Client {
         }
     }
 
+    /// For a long-lived stream: a client whose requests all go to one endpoint that answers
+    /// (another than `avoid`, if another does), and that endpoint's index. With one endpoint,
+    /// or none answering, this client as it is and `None`.
+    pub(crate) fn pinned(&self, avoid: Option<usize>) -> (Client, Option<usize>) {
+        let Some((index, channel)) = self.endpoints.as_ref().and_then(|e| e.pick(avoid)) else {
+            return (self.clone(), None);
+        };
+        let client = Client {
+            kv: KvClient::new(channel.clone()),
+            watch: WatchClient::new(channel.clone()),
+            lease: LeaseClient::new(channel),
+            endpoints: self.endpoints.clone(),
+        };
+        (client, Some(index))
+    }
+
+    /// Resolves once endpoint `index` (from [`Client::pinned`]) stops answering; never for
+    /// `None`.
+    pub(crate) async fn left(&self, index: Option<usize>) {
+        match (&self.endpoints, index) {
+            (Some(endpoints), Some(index)) => endpoints.left(index).await,
+            _ => std::future::pending().await,
+        }
+    }
+
     /// Fails a request at once when no endpoint answers, rather than let it wait in the
     /// channel for one to come back.
     fn any_serving(&self) -> Result<()> {

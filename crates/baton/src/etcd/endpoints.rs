@@ -11,6 +11,12 @@
 //! cluster than the first one seen is never used: two separate servers in one URL would hand
 //! out the same revisions, so the same token, to two leaders. [`Endpoints::ready`] waits for
 //! every endpoint's first answer (bounded) so that such a URL is refused at start.
+//!
+//! A long-lived stream (a lease's renewals, the watches) does not go through the balanced
+//! channel: it is opened on one serving endpoint's own connection ([`Endpoints::pick`]), and
+//! ended by its owner once that endpoint stops answering its checks ([`Endpoints::left`]). On
+//! the balanced channel a stream stays on the member it was opened on; one that hangs (accepts
+//! connections but never answers) would keep it silent until HTTP/2's pings gave up, 15 s on.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,6 +51,8 @@ enum State {
 struct Checks {
     /// Each endpoint as given, with its state.
     endpoints: Vec<(String, State)>,
+    /// Each endpoint's own channel (connected when first used), for streams pinned to it.
+    channels: Vec<Channel>,
     /// The cluster the client uses: the first one an endpoint answered for.
     cluster: Option<u64>,
     /// Whether [`Endpoints::ready`] accepted the endpoints: from then on an endpoint of
@@ -78,6 +86,7 @@ impl Endpoints {
         changes: mpsc::Sender<Change<usize, Endpoint>>,
     ) -> Endpoints {
         let checks = Checks {
+            channels: endpoints.iter().map(Endpoint::connect_lazy).collect(),
             endpoints: names.into_iter().map(|n| (n, State::Unchecked)).collect(),
             cluster: None,
             accepted: false,
@@ -140,12 +149,41 @@ impl Endpoints {
         (!serving).then(|| format!("no endpoint answers ({})", failures(&checks)))
     }
 
+    /// A serving endpoint's index and connection, for a stream pinned to it: another than
+    /// `avoid` if another serves; `None` if none serves.
+    pub(crate) fn pick(&self, avoid: Option<usize>) -> Option<(usize, Channel)> {
+        let checks = self.lock();
+        let serving = |index: &usize| checks.endpoints[*index].1 == State::Serving;
+        let mut candidates = (0..checks.endpoints.len()).filter(serving);
+        let first = candidates.next()?;
+        let chosen = match avoid {
+            Some(avoid) if first == avoid => candidates.next().unwrap_or(first),
+            _ => first,
+        };
+        Some((chosen, checks.channels[chosen].clone()))
+    }
+
+    /// Resolves once endpoint `index` no longer serves (a check failed, or found another
+    /// cluster): a stream pinned to it is then to be opened elsewhere.
+    pub(crate) async fn left(&self, index: usize) {
+        let mut changed = self.changed.subscribe();
+        loop {
+            if self.lock().endpoints.get(index).map(|(_, state)| state) != Some(&State::Serving) {
+                return;
+            }
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Checks> {
         // A panic elsewhere cannot leave the states half-written: each update is one store.
         self.checks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records what a check of endpoint `index` found; returns whether requests may go to it.
+    /// Records what a check of endpoint `index` (over `channel`) found; returns whether
+    /// requests may go to it.
     fn record(&self, index: usize, found: Result<u64, String>) -> bool {
         let mut checks = self.lock();
         let state = match found {
@@ -221,7 +259,7 @@ async fn keep_checking(
     changes: mpsc::Sender<Change<usize, Endpoint>>,
     endpoints: Endpoints,
 ) {
-    let mut probe: Option<KvClient<Channel>> = None;
+    let mut probe: Option<Channel> = None;
     let mut in_set = false;
     while !changes.is_closed() {
         let found = check(&endpoint, &mut probe).await;
@@ -243,18 +281,19 @@ async fn keep_checking(
 
 /// One check: the cluster the endpoint answers for, or why it did not answer. The connection
 /// is kept for the next check, and dropped after a failure.
-async fn check(endpoint: &Endpoint, probe: &mut Option<KvClient<Channel>>) -> Result<u64, String> {
+async fn check(endpoint: &Endpoint, probe: &mut Option<Channel>) -> Result<u64, String> {
     let ask = async {
         if probe.is_none() {
             let channel = endpoint
                 .connect()
                 .await
                 .map_err(|e| cause(tonic::Status::from_error(Box::new(e))))?;
-            *probe = Some(KvClient::new(channel));
+            *probe = Some(channel);
         }
-        let Some(kv) = probe.as_mut() else {
+        let Some(channel) = probe.as_ref() else {
             return Err("no connection".to_string());
         };
+        let mut kv = KvClient::new(channel.clone());
         let request = pb::RangeRequest {
             key: b"\0".to_vec(),
             count_only: true,

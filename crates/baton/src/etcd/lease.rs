@@ -12,14 +12,32 @@ use crate::lease_driver::LeaseTransport;
 use crate::stats::Stats;
 
 /// Grant and renewals of one etcd lease, over the keepalive stream.
+///
+/// With several endpoints the stream is pinned to one that answers ([`Client::pinned`]); it
+/// is reopened on another when that one stops answering its checks, and when a renewal on it
+/// goes unanswered for an interval (the lease core's [`LeaseTransport::reopen`]).
 pub(super) struct EtcdLeaseTransport {
     pub(super) client: Client,
     pub(super) id: i64,
-    pub(super) stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// The stream, with the client it was opened on and its endpoint (with several).
+    pub(super) stream: Option<Stream>,
+    /// The endpoint of the last stream opened or tried: once that one is given up, the next
+    /// goes elsewhere (an opening that hangs is given up too).
+    pub(super) tried: Option<usize>,
+    /// The endpoint to keep away from: the one last given up.
+    pub(super) avoid: Option<usize>,
     pub(super) stats: Arc<Stats>,
     pub(super) on_grant: Option<tokio::sync::oneshot::Sender<i64>>,
     /// The server said the lease no longer exists.
     pub(super) gone: bool,
+}
+
+/// An open keepalive stream.
+pub(super) struct Stream {
+    keeper: LeaseKeeper,
+    answers: LeaseKeepAliveStream,
+    client: Client,
+    endpoint: Option<usize>,
 }
 
 impl LeaseTransport for EtcdLeaseTransport {
@@ -40,8 +58,17 @@ impl LeaseTransport for EtcdLeaseTransport {
         if self.stream.is_none() {
             // Opening the renewal stream is renewal traffic, counted with the renewals.
             self.stats.renewals.fetch_add(1, Ordering::Relaxed);
-            match self.client.lease_keep_alive(self.id).await {
-                Ok(opened) => self.stream = Some(opened),
+            let (mut client, endpoint) = self.client.pinned(self.avoid);
+            self.tried = endpoint;
+            match client.lease_keep_alive(self.id).await {
+                Ok((keeper, answers)) => {
+                    self.stream = Some(Stream {
+                        keeper,
+                        answers,
+                        client,
+                        endpoint,
+                    })
+                }
                 // The client reports a lease the server no longer knows (TTL ≤ 0 on the
                 // opening renewal) this way: the lease is gone, not the network.
                 Err(super::client::Error::LeaseKeepAlive(_)) => {
@@ -51,30 +78,43 @@ impl LeaseTransport for EtcdLeaseTransport {
                 Err(error) => return Err(backend_error("lease keepalive", error)),
             }
         }
-        let (keeper, _) = self.stream.as_mut().expect("opened above");
+        let stream = self.stream.as_mut().expect("opened above");
         self.stats.renewals.fetch_add(1, Ordering::Relaxed);
-        if let Err(error) = keeper.keep_alive().await {
-            self.stream = None;
+        if let Err(error) = stream.keeper.keep_alive().await {
+            self.reopen();
             return Err(backend_error("lease keepalive", error));
         }
         Ok(())
+    }
+
+    fn reopen(&mut self) {
+        self.stream = None;
+        self.avoid = self.tried;
     }
 
     async fn next_renewal(&mut self) -> Result<Duration> {
         if self.gone {
             return Ok(Duration::ZERO);
         }
-        let Some((_, stream)) = self.stream.as_mut() else {
+        let Some(stream) = self.stream.as_mut() else {
             return std::future::pending().await;
         };
-        match stream.message().await {
+        let answer = tokio::select! {
+            answer = stream.answers.message() => answer,
+            // Its endpoint stopped answering checks: renewals on it would go unanswered.
+            () = stream.client.left(stream.endpoint) => {
+                self.reopen();
+                return Err(Error::Closed);
+            }
+        };
+        match answer {
             Ok(Some(response)) => Ok(Duration::from_secs(response.ttl().max(0) as u64)),
             Ok(None) => {
-                self.stream = None;
+                self.reopen();
                 Err(Error::Closed)
             }
             Err(error) => {
-                self.stream = None;
+                self.reopen();
                 Err(backend_error("lease keepalive", error))
             }
         }

@@ -260,6 +260,8 @@ impl EtcdBackend {
                     client: self.client.clone(),
                     id: 0,
                     stream: None,
+                    tried: None,
+                    avoid: None,
                     stats: self.stats.clone(),
                     on_grant: Some(id_tx),
                     gone: false,

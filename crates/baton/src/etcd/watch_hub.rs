@@ -4,6 +4,12 @@
 //! predecessor's): the first deletion after the start revision is the one it cares about, so
 //! each watch fires at most once, then is cancelled at the server. Multiplexing them over one
 //! gRPC stream keeps memory and server-side streams flat as the number of elections grows.
+//!
+//! With several endpoints the stream is pinned to one that answers; once that one stops
+//! answering its checks the stream is given up and every watch on it fires
+//! [`Fired::Broken`] (its candidate looks again and watches anew, on another endpoint): a
+//! member that hangs would otherwise keep a waiting candidate deaf to the deletion it waits
+//! for.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -127,6 +133,8 @@ async fn run(client: Client, stats: Arc<Stats>, mut requests: mpsc::Receiver<Req
         client,
         stats,
         stream: None,
+        endpoint: None,
+        avoid: None,
         watches: HashMap::new(),
     };
     loop {
@@ -135,6 +143,7 @@ async fn run(client: Client, stats: Arc<Stats>, mut requests: mpsc::Receiver<Req
                 Some(request) => hub.handle_request(request).await,
                 None => return,
             },
+            () = hub.client.left(hub.endpoint), if hub.stream.is_some() => hub.break_all(),
             message = next_message(&mut hub.stream) => match message {
                 Ok(Some(response)) => hub.handle_response(response).await,
                 Ok(None) => hub.break_all(),
@@ -160,6 +169,10 @@ struct Hub {
     client: Client,
     stats: Arc<Stats>,
     stream: Option<(WatchRequestSender, WatchResponseStream)>,
+    /// The endpoint the stream is pinned to (with several).
+    endpoint: Option<usize>,
+    /// The endpoint of the last stream given up: the next one goes elsewhere.
+    avoid: Option<usize>,
     /// Each watch's channel, and whether it asked for the queue check.
     watches: HashMap<i64, (oneshot::Sender<Fired>, bool)>,
 }
@@ -215,13 +228,17 @@ impl Hub {
             self.break_all();
             return false;
         }
-        let open = self.client.watch(key, Some(options));
+        let (mut client, endpoint) = self.client.pinned(self.avoid);
+        let open = client.watch(key, Some(options));
         match tokio::time::timeout(crate::etcd::REQUEST_TIMEOUT, open).await {
             Ok(Ok(stream)) => {
                 self.stream = Some(stream.split());
+                self.endpoint = endpoint;
                 true
             }
             _ => {
+                // The next try goes elsewhere.
+                self.avoid = endpoint;
                 crate::metrics::backend_error("watch");
                 false
             }
@@ -276,7 +293,9 @@ impl Hub {
 
     /// The stream is gone: every watch on it is broken.
     fn break_all(&mut self) {
-        self.stream = None;
+        if self.stream.take().is_some() {
+            self.avoid = self.endpoint.take();
+        }
         for (_, (fired, _)) in self.watches.drain() {
             let _ = fired.send(Fired::Broken);
         }

@@ -1095,6 +1095,15 @@ impl LeaseTransport for PgLeaseTransport {
         self.sends.send(()).map_err(|_| Error::Closed)
     }
 
+    fn reopen(&mut self) {
+        // A new worker on a new connection. The old one ends after its statement (its input
+        // closes), and its answers go where nobody reads them.
+        let (id_tx, id_rx) = oneshot::channel();
+        let _ = id_tx.send((self.id, self.key));
+        (self.sends, self.answers) =
+            spawn_renew_worker(self.pool.target.clone(), self.schema.clone(), id_rx);
+    }
+
     async fn next_renewal(&mut self) -> Result<Duration> {
         // The renewal worker owns no connection of ours: answer here, in send order.
         match self.answers.recv().await {
@@ -1120,6 +1129,21 @@ impl LeaseTransport for PgLeaseTransport {
     }
 }
 
+/// Starts a [`renew_worker`]; returns where to send renewals and where their answers come.
+fn spawn_renew_worker(
+    target: Target,
+    schema: String,
+    id: oneshot::Receiver<(i64, i64)>,
+) -> (
+    mpsc::UnboundedSender<()>,
+    mpsc::UnboundedReceiver<Result<Duration>>,
+) {
+    let (sends_tx, sends_rx) = mpsc::unbounded_channel();
+    let (answers_tx, answers_rx) = mpsc::unbounded_channel();
+    tokio::spawn(renew_worker(target, schema, id, sends_rx, answers_tx));
+    (sends_tx, answers_rx)
+}
+
 /// Runs renewals of session `id` one at a time, answering each with the TTL the row now has
 /// (zero when the session is gone or expired).
 async fn renew_worker(
@@ -1139,6 +1163,11 @@ async fn renew_worker(
          RETURNING extract(epoch FROM ttl)::float8"
     );
     while sends.recv().await.is_some() {
+        if answers.is_closed() {
+            // Replaced (the lease driver gave up what was in flight): renewals still queued
+            // here are not sent.
+            return;
+        }
         let answer = async {
             if client.as_ref().is_none_or(Client::is_closed) {
                 client = Some(open(&target, None).await?);
@@ -1194,15 +1223,8 @@ impl Queue for PgBackend {
             .get(config, async {
                 let (id_tx, id_rx) = oneshot::channel();
                 let (worker_id_tx, worker_id_rx) = oneshot::channel();
-                let (sends_tx, sends_rx) = mpsc::unbounded_channel();
-                let (answers_tx, answers_rx) = mpsc::unbounded_channel();
-                tokio::spawn(renew_worker(
-                    self.pool.target.clone(),
-                    self.schema.clone(),
-                    worker_id_rx,
-                    sends_rx,
-                    answers_tx,
-                ));
+                let (sends_tx, answers_rx) =
+                    spawn_renew_worker(self.pool.target.clone(), self.schema.clone(), worker_id_rx);
                 let transport = PgLeaseTransport {
                     pool: self.pool.clone(),
                     schema: self.schema.clone(),

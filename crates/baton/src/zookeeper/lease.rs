@@ -175,6 +175,11 @@ impl LeaseTransport for ZkLeaseTransport {
         Ok(())
     }
 
+    fn reopen(&mut self) {
+        // The session's connection is the client's to replace; what is in flight is forgotten.
+        self.abort_in_flight();
+    }
+
     async fn next_renewal(&mut self) -> Result<Duration> {
         if self.gone {
             return Ok(Duration::ZERO);

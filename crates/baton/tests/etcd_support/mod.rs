@@ -439,3 +439,62 @@ pub async fn check_a_dead_endpoint_is_left_out(live: &str) {
         "{message}"
     );
 }
+
+#[path = "../../../cli/tests/common/proxy.rs"]
+mod proxy;
+
+/// A member that hangs (accepts connections, never answers: a stopped process, a partition)
+/// ends no term and deafens no waiter. The URL's first endpoint is a proxy to `live` that is
+/// then partitioned; streams go to the first endpoint that answers, so every lease's renewals
+/// and every watch start there. Three leaders at TTL 2 s keep leading through 5 s of the hang
+/// (before, a keepalive stream on the hung member went silent until HTTP/2's pings gave up,
+/// 15 s on, and the lease ran out), and a waiter whose watch was on it is elected within 3 s
+/// of its predecessor's resign (before: only once those pings gave up).
+pub async fn check_a_hung_member_ends_no_term(live: &str) {
+    use crate::conformance::{config, queued, unique, within};
+    use std::time::Duration;
+    let hung = proxy::Proxy::start(live.to_string());
+    let url = format!("etcd://127.0.0.1:{},{live}/baton-test", hung.port);
+    let mut leaders = Vec::new();
+    for n in 0..3 {
+        let backend = baton::Backend::connect(&url).await.unwrap();
+        let election = baton::Election::new(&backend, &unique("hung-member"), config()).unwrap();
+        let leadership = within(
+            "campaign",
+            Duration::from_secs(5),
+            election.campaign(&format!("leader-{n}")),
+        )
+        .await
+        .unwrap();
+        leaders.push((backend, election, leadership));
+    }
+    let waiter_backend = baton::Backend::connect(&url).await.unwrap();
+    let waiter = baton::Election::new(&waiter_backend, leaders[0].1.name(), config()).unwrap();
+    let waiting = tokio::spawn(async move { waiter.campaign("waiter").await });
+    queued(&leaders[0].1, 2).await;
+
+    hung.set_partitioned(true);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for (n, (_, _, leadership)) in leaders.iter().enumerate() {
+        if !leadership.is_leading() {
+            let reason = leadership.lost().await;
+            panic!("leader-{n} lost its term to a hung member: {reason}");
+        }
+    }
+    let (_, _, first) = leaders.remove(0);
+    first.resign().await;
+    let elected = within(
+        "the waiter's election after a resign, its watch first on the hung member",
+        Duration::from_secs(3),
+        waiting,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(elected.id(), "waiter");
+    hung.set_partitioned(false);
+    elected.resign().await;
+    for (_, _, leadership) in leaders {
+        leadership.resign().await;
+    }
+}

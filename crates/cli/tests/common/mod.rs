@@ -278,12 +278,17 @@ pub fn delete_leader_key(election: &str) {
 /// Waits until `election` has `count` candidates queued (the leader among them), as baton's
 /// library lists them.
 pub fn wait_queued(election: &str, count: usize) {
+    wait_queued_at(&url(), election, count)
+}
+
+/// [`wait_queued`] on the backend at `url`.
+pub fn wait_queued_at(url: &str, election: &str, count: usize) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let backend = baton::Backend::connect(&url()).await.unwrap();
+        let backend = baton::Backend::connect(url).await.unwrap();
         let config = baton::ElectionConfig::default().with_ttl(Duration::from_secs(2));
         let election = baton::Election::new(&backend, election, config).unwrap();
         let start = Instant::now();

@@ -175,6 +175,12 @@ pub struct LeaseNode {
     /// Nonce of the current grant request; answers to older ones are stale.
     grant_nonce: u64,
     grant_sent_at: Option<Instant>,
+    /// Renewals sent on the current stream and not yet answered.
+    unanswered: u64,
+    /// Answers still to come for renewals of streams the lease core gave up
+    /// ([`LeaseAction::Reopen`]): the service answers in order, so they are the next ones,
+    /// and they must never reach the core (they would count from a later send).
+    stale_answers: u64,
     candidate: Candidate,
     /// The candidate asked for a key while no lease was live; create it once granted.
     pending_create: bool,
@@ -192,6 +198,8 @@ impl LeaseNode {
             lease_id: None,
             grant_nonce: 0,
             grant_sent_at: None,
+            unanswered: 0,
+            stale_answers: 0,
             candidate: Candidate::new(true),
             pending_create: false,
             outstanding: None,
@@ -240,7 +248,12 @@ impl LeaseNode {
         match message {
             Message::Granted { nonce, lease, ttl } => self.on_granted(now, nonce, lease, ttl),
             Message::Renewed { lease, ttl } if self.lease_id == Some(lease) => {
-                self.lease.handle_renewed(now, ttl)
+                if self.stale_answers > 0 {
+                    self.stale_answers -= 1;
+                } else {
+                    self.unanswered = self.unanswered.saturating_sub(1);
+                    self.lease.handle_renewed(now, ttl);
+                }
             }
             Message::LeaseGone { lease } if self.lease_id == Some(lease) => {
                 self.outstanding = None;
@@ -318,6 +331,8 @@ impl LeaseNode {
         }
         self.lease_id = Some(lease);
         self.grant_sent_at = None;
+        // Answers for an earlier lease carry its id and are dropped by it.
+        (self.unanswered, self.stale_answers) = (0, 0);
         self.lease.handle_granted(now, ttl);
         self.candidate.campaign();
     }
@@ -383,7 +398,11 @@ impl LeaseNode {
                     ttl,
                 }));
             }
+            LeaseAction::Reopen => {
+                self.stale_answers += std::mem::take(&mut self.unanswered);
+            }
             LeaseAction::Renew => {
+                self.unanswered += 1;
                 let lease = self.lease_id.expect("an active lease has an id");
                 self.actions
                     .push_back(Action::Send(Message::KeepAlive { lease }));
