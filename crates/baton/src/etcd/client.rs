@@ -185,11 +185,14 @@ impl Client {
         (client, Some(index))
     }
 
-    /// Resolves once endpoint `index` (from [`Client::pinned`]) stops answering; never for
-    /// `None`.
-    pub(crate) async fn left(&self, index: Option<usize>) {
+    /// Resolves once endpoint `index` (from [`Client::pinned`]) stops answering, with its
+    /// name; never for `None`.
+    pub(crate) async fn left(&self, index: Option<usize>) -> String {
         match (&self.endpoints, index) {
-            (Some(endpoints), Some(index)) => endpoints.left(index).await,
+            (Some(endpoints), Some(index)) => {
+                endpoints.left(index).await;
+                endpoints.name(index)
+            }
             _ => std::future::pending().await,
         }
     }

@@ -163,6 +163,14 @@ impl Endpoints {
         Some((chosen, checks.channels[chosen].clone()))
     }
 
+    /// Endpoint `index` as the URL gave it.
+    pub(crate) fn name(&self, index: usize) -> String {
+        self.lock()
+            .endpoints
+            .get(index)
+            .map_or_else(String::new, |(name, _)| name.clone())
+    }
+
     /// Resolves once endpoint `index` no longer serves (a check failed, or found another
     /// cluster): a stream pinned to it is then to be opened elsewhere.
     pub(crate) async fn left(&self, index: usize) {

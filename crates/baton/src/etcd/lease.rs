@@ -102,7 +102,7 @@ impl LeaseTransport for EtcdLeaseTransport {
         let answer = tokio::select! {
             answer = stream.answers.message() => answer,
             // Its endpoint stopped answering checks: renewals on it would go unanswered.
-            () = stream.client.left(stream.endpoint) => {
+            _ = stream.client.left(stream.endpoint) => {
                 self.reopen();
                 return Err(Error::Closed);
             }

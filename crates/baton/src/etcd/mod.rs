@@ -321,6 +321,8 @@ impl EtcdBackend {
             let mut last: Option<Option<LeaderInfo>> = None;
             let mut outage = first.as_ref().err().map(ToString::to_string);
             let (mut members, mut revision) = first.unwrap_or_default();
+            // The endpoint the last watch was on: after an outage the next goes elsewhere.
+            let mut tried = None;
             loop {
                 if let Some(reason) = outage.take() {
                     // Connection trouble, a server that stopped answering, or compaction: say
@@ -353,7 +355,14 @@ impl EtcdBackend {
                     last = Some(current);
                 }
                 match backend
-                    .follow(&prefix, &mut members, &mut revision, &mut last, &tx)
+                    .follow(
+                        &prefix,
+                        &mut members,
+                        &mut revision,
+                        &mut last,
+                        &tx,
+                        &mut tried,
+                    )
                     .await
                 {
                     Ok(()) => return,
@@ -389,6 +398,11 @@ impl EtcdBackend {
 
     /// Applies watch events to `members`, sending each change of leader. Returns `Ok` when
     /// the observer is dropped, `Err` when the watch breaks.
+    ///
+    /// With several endpoints the watch and its probes go to one endpoint (another than
+    /// `tried`, the one of the last watch, if another answers), and the watch counts as broken
+    /// once that endpoint stops answering its checks: probes through the balanced channel
+    /// could be answered by another member while this one hangs and the watch says nothing.
     async fn follow(
         &self,
         prefix: &str,
@@ -396,8 +410,10 @@ impl EtcdBackend {
         revision: &mut i64,
         last: &mut Option<Option<LeaderInfo>>,
         tx: &mpsc::Sender<Observed>,
+        tried: &mut Option<usize>,
     ) -> Result<()> {
-        let mut client = self.client.clone();
+        let (mut client, endpoint) = self.client.pinned(*tried);
+        *tried = endpoint;
         let options = WatchOptions::new()
             .with_prefix()
             .with_prev_key()
@@ -415,6 +431,11 @@ impl EtcdBackend {
                 _ = tx.closed() => return Ok(()),
                 // The stream ends with its backend (the task's end drops the sender).
                 _ = closing.as_mut() => return Ok(()),
+                name = client.left(endpoint) => return Err(Error::Unreachable {
+                    backend: "etcd",
+                    endpoints: name,
+                    detail: "the endpoint carrying the watch stopped answering".to_string(),
+                }),
                 _ = probe.tick() => {
                     let options = GetOptions::new().with_prefix().with_count_only();
                     request_within(

@@ -143,7 +143,7 @@ async fn run(client: Client, stats: Arc<Stats>, mut requests: mpsc::Receiver<Req
                 Some(request) => hub.handle_request(request).await,
                 None => return,
             },
-            () = hub.client.left(hub.endpoint), if hub.stream.is_some() => hub.break_all(),
+            _ = hub.client.left(hub.endpoint), if hub.stream.is_some() => hub.break_all(),
             message = next_message(&mut hub.stream) => match message {
                 Ok(Some(response)) => hub.handle_response(response).await,
                 Ok(None) => hub.break_all(),

@@ -448,8 +448,9 @@ mod proxy;
 /// then partitioned; streams go to the first endpoint that answers, so every lease's renewals
 /// and every watch start there. Three leaders at TTL 2 s keep leading through 5 s of the hang
 /// (before, a keepalive stream on the hung member went silent until HTTP/2's pings gave up,
-/// 15 s on, and the lease ran out), and a waiter whose watch was on it is elected within 3 s
-/// of its predecessor's resign (before: only once those pings gave up).
+/// 15 s on, and the lease ran out), a waiter whose watch was on it is elected within 3 s of
+/// its predecessor's resign (before: only once those pings gave up), and an observer whose
+/// watch was on it reports the new leader within those 3 s too.
 pub async fn check_a_hung_member_ends_no_term(live: &str) {
     use crate::conformance::{config, queued, unique, within};
     use std::time::Duration;
@@ -472,6 +473,9 @@ pub async fn check_a_hung_member_ends_no_term(live: &str) {
     let waiter = baton::Election::new(&waiter_backend, leaders[0].1.name(), config()).unwrap();
     let waiting = tokio::spawn(async move { waiter.campaign("waiter").await });
     queued(&leaders[0].1, 2).await;
+    let observer_backend = baton::Backend::connect(&url).await.unwrap();
+    let watched = baton::Election::new(&observer_backend, leaders[0].1.name(), config()).unwrap();
+    let mut observer = watched.observe().await.unwrap();
 
     hung.set_partitioned(true);
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -492,6 +496,20 @@ pub async fn check_a_hung_member_ends_no_term(live: &str) {
     .unwrap()
     .unwrap();
     assert_eq!(elected.id(), "waiter");
+    within(
+        "the observer's report of the new leader, its watch first on the hung member",
+        Duration::from_secs(3),
+        async {
+            loop {
+                match observer.next().await {
+                    Some(baton::Observed::Leader(Some(leader))) if leader.id == "waiter" => break,
+                    Some(_) => {}
+                    None => panic!("the observer ended"),
+                }
+            }
+        },
+    )
+    .await;
     hung.set_partitioned(false);
     elected.resign().await;
     for (_, _, leadership) in leaders {
