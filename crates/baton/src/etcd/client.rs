@@ -176,13 +176,33 @@ impl Client {
         let Some((index, channel)) = self.endpoints.as_ref().and_then(|e| e.pick(avoid)) else {
             return (self.clone(), None);
         };
-        let client = Client {
+        (self.on(channel), Some(index))
+    }
+
+    /// This client's requests sent over `channel` instead.
+    fn on(&self, channel: Channel) -> Client {
+        Client {
             kv: KvClient::new(channel.clone()),
             watch: WatchClient::new(channel.clone()),
             lease: LeaseClient::new(channel),
             endpoints: self.endpoints.clone(),
-        };
-        (client, Some(index))
+        }
+    }
+
+    /// [`Client::pinned`] for a stream that went silent on endpoint `avoid`: the first other
+    /// endpoint to answer a read now (each asked at once, for up to `limit`), else as
+    /// [`Client::pinned`].
+    pub(crate) async fn pinned_elsewhere(
+        &self,
+        avoid: Option<usize>,
+        limit: Duration,
+    ) -> (Client, Option<usize>) {
+        if let (Some(endpoints), Some(avoid)) = (&self.endpoints, avoid) {
+            if let Some((index, channel)) = endpoints.fastest(avoid, limit).await {
+                return (self.on(channel), Some(index));
+            }
+        }
+        self.pinned(avoid)
     }
 
     /// Resolves once endpoint `index` (from [`Client::pinned`]) stops answering, with its

@@ -163,6 +163,40 @@ impl Endpoints {
         Some((chosen, checks.channels[chosen].clone()))
     }
 
+    /// For a stream moving off `avoid`, which went silent: of the other serving endpoints, the
+    /// first to answer a read now (all are asked at once), so that members hanging one after
+    /// another cost one round trip, not a renew interval each (a hung member counts as serving
+    /// until a check has waited for it). `None` if none answers within `limit`.
+    pub(crate) async fn fastest(&self, avoid: usize, limit: Duration) -> Option<(usize, Channel)> {
+        let candidates: Vec<(usize, Channel)> = {
+            let checks = self.lock();
+            (0..checks.endpoints.len())
+                .filter(|&index| index != avoid && checks.endpoints[index].1 == State::Serving)
+                .map(|index| (index, checks.channels[index].clone()))
+                .collect()
+        };
+        let mut asks = tokio::task::JoinSet::new();
+        for (index, channel) in candidates {
+            asks.spawn(async move {
+                let mut kv = KvClient::new(channel.clone());
+                kv.range(probe_request())
+                    .await
+                    .ok()
+                    .map(|_| (index, channel))
+            });
+        }
+        let first = async {
+            while let Some(answer) = asks.join_next().await {
+                if let Ok(Some(found)) = answer {
+                    return Some(found);
+                }
+            }
+            None
+        };
+        // The asks still out are aborted with the set.
+        tokio::time::timeout(limit, first).await.ok().flatten()
+    }
+
     /// Endpoint `index` as the URL gave it.
     pub(crate) fn name(&self, index: usize) -> String {
         self.lock()
@@ -302,12 +336,7 @@ async fn check(endpoint: &Endpoint, probe: &mut Option<Channel>) -> Result<u64, 
             return Err("no connection".to_string());
         };
         let mut kv = KvClient::new(channel.clone());
-        let request = pb::RangeRequest {
-            key: b"\0".to_vec(),
-            count_only: true,
-            ..Default::default()
-        };
-        let response = kv.range(request).await.map_err(cause)?.into_inner();
+        let response = kv.range(probe_request()).await.map_err(cause)?.into_inner();
         Ok(response.header.map_or(0, |header| header.cluster_id))
     };
     let found = match tokio::time::timeout(CHECK_TIMEOUT, ask).await {
@@ -318,6 +347,15 @@ async fn check(endpoint: &Endpoint, probe: &mut Option<Channel>) -> Result<u64, 
         *probe = None;
     }
     found
+}
+
+/// The cheapest read there is: how many keys are `\0`.
+fn probe_request() -> pb::RangeRequest {
+    pb::RangeRequest {
+        key: b"\0".to_vec(),
+        count_only: true,
+        ..Default::default()
+    }
 }
 
 /// Why a check failed, as the backend's errors say it (the operating system's "Connection

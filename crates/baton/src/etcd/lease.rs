@@ -58,7 +58,11 @@ impl LeaseTransport for EtcdLeaseTransport {
         if self.stream.is_none() {
             // Opening the renewal stream is renewal traffic, counted with the renewals.
             self.stats.renewals.fetch_add(1, Ordering::Relaxed);
-            let (mut client, endpoint) = self.client.pinned(self.avoid);
+            // After a stream went silent, the next goes to the member that answers first.
+            let (mut client, endpoint) = self
+                .client
+                .pinned_elsewhere(self.avoid, super::REQUEST_TIMEOUT)
+                .await;
             self.tried = endpoint;
             match client.lease_keep_alive(self.id).await {
                 Ok((keeper, answers)) => {

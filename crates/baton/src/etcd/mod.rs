@@ -412,7 +412,7 @@ impl EtcdBackend {
         tx: &mpsc::Sender<Observed>,
         tried: &mut Option<usize>,
     ) -> Result<()> {
-        let (mut client, endpoint) = self.client.pinned(*tried);
+        let (mut client, endpoint) = self.client.pinned_elsewhere(*tried, OBSERVER_PROBE).await;
         *tried = endpoint;
         let options = WatchOptions::new()
             .with_prefix()

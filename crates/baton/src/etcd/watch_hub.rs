@@ -228,7 +228,10 @@ impl Hub {
             self.break_all();
             return false;
         }
-        let (mut client, endpoint) = self.client.pinned(self.avoid);
+        let (mut client, endpoint) = self
+            .client
+            .pinned_elsewhere(self.avoid, crate::etcd::REQUEST_TIMEOUT)
+            .await;
         let open = client.watch(key, Some(options));
         match tokio::time::timeout(crate::etcd::REQUEST_TIMEOUT, open).await {
             Ok(Ok(stream)) => {

@@ -443,10 +443,11 @@ pub async fn check_a_dead_endpoint_is_left_out(live: &str) {
 #[path = "../../../cli/tests/common/proxy.rs"]
 mod proxy;
 
-/// A member that hangs (accepts connections, never answers: a stopped process, a partition)
-/// ends no term and deafens no waiter. The URL's first endpoint is a proxy to `live` that is
-/// then partitioned; streams go to the first endpoint that answers, so every lease's renewals
-/// and every watch start there. Three leaders at TTL 2 s keep leading through 5 s of the hang
+/// Members that hang (accept connections, never answer: a stopped process, a partition) end
+/// no term and deafen no waiter. The URL's first two endpoints are proxies to `live` that are
+/// then partitioned together; streams go to the first endpoint that answers, so every lease's
+/// renewals and every watch start on a hung one, and the second still counts as serving when
+/// the first is given up (a renewal that tried them in turn ran out of lease at TTL 2 s). Three leaders at TTL 2 s keep leading through 5 s of the hang
 /// (before, a keepalive stream on the hung member went silent until HTTP/2's pings gave up,
 /// 15 s on, and the lease ran out), a waiter whose watch was on it is elected within 3 s of
 /// its predecessor's resign (before: only once those pings gave up), and an observer whose
@@ -455,7 +456,11 @@ pub async fn check_a_hung_member_ends_no_term(live: &str) {
     use crate::conformance::{config, queued, unique, within};
     use std::time::Duration;
     let hung = proxy::Proxy::start(live.to_string());
-    let url = format!("etcd://127.0.0.1:{},{live}/baton-test", hung.port);
+    let also_hung = proxy::Proxy::start(live.to_string());
+    let url = format!(
+        "etcd://127.0.0.1:{},127.0.0.1:{},{live}/baton-test",
+        hung.port, also_hung.port
+    );
     let mut leaders = Vec::new();
     for n in 0..3 {
         let backend = baton::Backend::connect(&url).await.unwrap();
@@ -478,6 +483,7 @@ pub async fn check_a_hung_member_ends_no_term(live: &str) {
     let mut observer = watched.observe().await.unwrap();
 
     hung.set_partitioned(true);
+    also_hung.set_partitioned(true);
     tokio::time::sleep(Duration::from_secs(5)).await;
     for (n, (_, _, leadership)) in leaders.iter().enumerate() {
         if !leadership.is_leading() {
@@ -511,6 +517,7 @@ pub async fn check_a_hung_member_ends_no_term(live: &str) {
     )
     .await;
     hung.set_partitioned(false);
+    also_hung.set_partitioned(false);
     elected.resign().await;
     for (_, _, leadership) in leaders {
         leadership.resign().await;
