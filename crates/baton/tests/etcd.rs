@@ -445,3 +445,8 @@ async fn a_dead_endpoint_in_the_url_is_left_out() {
 async fn a_hung_member_in_the_url_ends_no_term() {
     etcd_support::check_a_hung_member_ends_no_term(&etcd()).await;
 }
+
+#[tokio::test]
+async fn a_member_back_from_a_hang_is_used_again() {
+    etcd_support::check_a_member_back_from_a_hang_is_used_again(&etcd()).await;
+}

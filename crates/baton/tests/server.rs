@@ -77,6 +77,11 @@ async fn a_hung_member_in_the_url_ends_no_term() {
     etcd_support::check_a_hung_member_ends_no_term(server_support::shared()).await;
 }
 
+#[tokio::test]
+async fn a_member_back_from_a_hang_is_used_again() {
+    etcd_support::check_a_member_back_from_a_hang_is_used_again(server_support::shared()).await;
+}
+
 /// Two separate servers in one URL would hand out the same revisions, so the same token, to
 /// two leaders: the URL is refused at connect, saying which endpoint is which cluster.
 #[tokio::test]

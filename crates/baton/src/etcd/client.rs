@@ -105,6 +105,14 @@ impl ConnectOptions {
     }
 }
 
+/// Where a pinned client's requests go: an endpoint, and how many of its checks had failed
+/// when the pin was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pin {
+    pub(crate) index: usize,
+    failures: u64,
+}
+
 /// A connection to an etcd cluster: one channel balanced over its endpoints, cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Client {
@@ -172,11 +180,16 @@ impl Client {
     /// For a long-lived stream: a client whose requests all go to one endpoint that answers
     /// (another than `avoid`, if another does), and that endpoint's index. With one endpoint,
     /// or none answering, this client as it is and `None`.
-    pub(crate) fn pinned(&self, avoid: Option<usize>) -> (Client, Option<usize>) {
+    pub(crate) fn pinned(&self, avoid: Option<usize>) -> (Client, Option<Pin>) {
         let Some((index, channel)) = self.endpoints.as_ref().and_then(|e| e.pick(avoid)) else {
             return (self.clone(), None);
         };
-        (self.on(channel), Some(index))
+        self.pinned_to(index, channel)
+    }
+
+    fn pinned_to(&self, index: usize, channel: Channel) -> (Client, Option<Pin>) {
+        let failures = self.endpoints.as_ref().map_or(0, |e| e.failures(index));
+        (self.on(channel), Some(Pin { index, failures }))
     }
 
     /// This client's requests sent over `channel` instead.
@@ -189,29 +202,30 @@ impl Client {
         }
     }
 
-    /// [`Client::pinned`] for a stream that went silent on endpoint `avoid`: the first other
-    /// endpoint to answer a read now (each asked at once, for up to `limit`), else as
-    /// [`Client::pinned`].
+    /// [`Client::pinned`] for a stream that went silent on endpoint `avoid`: the first
+    /// endpoint to answer a read now (each asked at once, `avoid` too, for up to `limit`; see
+    /// [`Endpoints::fastest`]), else as [`Client::pinned`]. With no `avoid` (nothing went
+    /// silent yet), as [`Client::pinned`].
     pub(crate) async fn pinned_elsewhere(
         &self,
         avoid: Option<usize>,
         limit: Duration,
-    ) -> (Client, Option<usize>) {
-        if let (Some(endpoints), Some(avoid)) = (&self.endpoints, avoid) {
-            if let Some((index, channel)) = endpoints.fastest(avoid, limit).await {
-                return (self.on(channel), Some(index));
+    ) -> (Client, Option<Pin>) {
+        if let (Some(endpoints), Some(_)) = (&self.endpoints, avoid) {
+            if let Some((index, channel)) = endpoints.fastest(limit).await {
+                return self.pinned_to(index, channel);
             }
         }
         self.pinned(avoid)
     }
 
-    /// Resolves once endpoint `index` (from [`Client::pinned`]) stops answering, with its
-    /// name; never for `None`.
-    pub(crate) async fn left(&self, index: Option<usize>) -> String {
-        match (&self.endpoints, index) {
-            (Some(endpoints), Some(index)) => {
-                endpoints.left(index).await;
-                endpoints.name(index)
+    /// Resolves once the endpoint of `pin` (from [`Client::pinned`]) fails a check after
+    /// the pin was made, with its name; never for `None`.
+    pub(crate) async fn left(&self, pin: Option<Pin>) -> String {
+        match (&self.endpoints, pin) {
+            (Some(endpoints), Some(pin)) => {
+                endpoints.left(pin.index, pin.failures).await;
+                endpoints.name(pin.index)
             }
             _ => std::future::pending().await,
         }

@@ -53,6 +53,8 @@ struct Checks {
     endpoints: Vec<(String, State)>,
     /// Each endpoint's own channel (connected when first used), for streams pinned to it.
     channels: Vec<Channel>,
+    /// Each endpoint's failed checks so far.
+    failures: Vec<u64>,
     /// The cluster the client uses: the first one an endpoint answered for.
     cluster: Option<u64>,
     /// Whether [`Endpoints::ready`] accepted the endpoints: from then on an endpoint of
@@ -87,6 +89,7 @@ impl Endpoints {
     ) -> Endpoints {
         let checks = Checks {
             channels: endpoints.iter().map(Endpoint::connect_lazy).collect(),
+            failures: vec![0; endpoints.len()],
             endpoints: names.into_iter().map(|n| (n, State::Unchecked)).collect(),
             cluster: None,
             accepted: false,
@@ -163,26 +166,29 @@ impl Endpoints {
         Some((chosen, checks.channels[chosen].clone()))
     }
 
-    /// For a stream moving off `avoid`, which went silent: of the other serving endpoints, the
-    /// first to answer a read now (all are asked at once), so that members hanging one after
-    /// another cost one round trip, not a renew interval each (a hung member counts as serving
-    /// until a check has waited for it). `None` if none answers within `limit`.
-    pub(crate) async fn fastest(&self, avoid: usize, limit: Duration) -> Option<(usize, Channel)> {
-        let candidates: Vec<(usize, Channel)> = {
+    /// For a stream that went silent: the first endpoint to answer a read for the client's
+    /// cluster now, every endpoint asked at once (the one that went silent too: it may be the
+    /// only one back). A hung member counts as serving until a check has waited 2 s for it, and
+    /// one that came back as failed until its next check, so neither the checks' states nor
+    /// trying the endpoints in turn (a renew interval each) would find a live one in time.
+    /// `None` if none answers within `limit`.
+    pub(crate) async fn fastest(&self, limit: Duration) -> Option<(usize, Channel)> {
+        let (ours, candidates): (Option<u64>, Vec<(usize, Channel)>) = {
             let checks = self.lock();
-            (0..checks.endpoints.len())
-                .filter(|&index| index != avoid && checks.endpoints[index].1 == State::Serving)
+            let candidates = (0..checks.endpoints.len())
+                .filter(|&index| !matches!(checks.endpoints[index].1, State::OtherCluster(_)))
                 .map(|index| (index, checks.channels[index].clone()))
-                .collect()
+                .collect();
+            (checks.cluster, candidates)
         };
         let mut asks = tokio::task::JoinSet::new();
         for (index, channel) in candidates {
             asks.spawn(async move {
                 let mut kv = KvClient::new(channel.clone());
-                kv.range(probe_request())
-                    .await
-                    .ok()
-                    .map(|_| (index, channel))
+                let response = kv.range(probe_request()).await.ok()?.into_inner();
+                let cluster = response.header.map_or(0, |header| header.cluster_id);
+                ours.is_none_or(|ours| ours == cluster)
+                    .then_some((index, channel))
             });
         }
         let first = async {
@@ -205,13 +211,28 @@ impl Endpoints {
             .map_or_else(String::new, |(name, _)| name.clone())
     }
 
-    /// Resolves once endpoint `index` no longer serves (a check failed, or found another
-    /// cluster): a stream pinned to it is then to be opened elsewhere.
-    pub(crate) async fn left(&self, index: usize) {
+    /// How many checks of endpoint `index` have failed so far.
+    pub(crate) fn failures(&self, index: usize) -> u64 {
+        self.lock().failures.get(index).copied().unwrap_or(0)
+    }
+
+    /// Resolves once endpoint `index` has failed more checks than `failures`, or answered for
+    /// another cluster: a stream pinned to it is then to be opened elsewhere. (Counted, not
+    /// read off its state: a stream may be opened on an endpoint that answered
+    /// [`Endpoints::fastest`] before its next check clears its last failure.)
+    pub(crate) async fn left(&self, index: usize, failures: u64) {
         let mut changed = self.changed.subscribe();
         loop {
-            if self.lock().endpoints.get(index).map(|(_, state)| state) != Some(&State::Serving) {
-                return;
+            {
+                let checks = self.lock();
+                let failed_since = checks.failures.get(index).is_none_or(|&now| now > failures);
+                let other = matches!(
+                    checks.endpoints.get(index),
+                    Some((_, State::OtherCluster(_))) | None
+                );
+                if failed_since || other {
+                    return;
+                }
             }
             if changed.changed().await.is_err() {
                 return;
@@ -240,6 +261,10 @@ impl Endpoints {
             },
         };
         let accepted = checks.accepted;
+        let failed = matches!(state, State::Failed(_));
+        if failed {
+            checks.failures[index] += 1;
+        }
         let (name, old) = &mut checks.endpoints[index];
         if *old != state {
             if let (State::OtherCluster(cluster), true) = (&state, accepted) {
@@ -250,6 +275,10 @@ impl Endpoints {
                 );
             }
             *old = state.clone();
+            drop(checks);
+            self.changed.send_replace(());
+        } else if failed {
+            // Streams pinned to it wait for any failed check (see `left`).
             drop(checks);
             self.changed.send_replace(());
         }

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use super::client::{Client, LeaseKeepAliveStream, LeaseKeeper, Pin};
 
 use super::{backend_error, request};
 use crate::error::{Error, Result};
@@ -37,7 +37,7 @@ pub(super) struct Stream {
     keeper: LeaseKeeper,
     answers: LeaseKeepAliveStream,
     client: Client,
-    endpoint: Option<usize>,
+    endpoint: Option<Pin>,
 }
 
 impl LeaseTransport for EtcdLeaseTransport {
@@ -61,9 +61,9 @@ impl LeaseTransport for EtcdLeaseTransport {
             // After a stream went silent, the next goes to the member that answers first.
             let (mut client, endpoint) = self
                 .client
-                .pinned_elsewhere(self.avoid, super::REQUEST_TIMEOUT)
+                .pinned_elsewhere(self.avoid, super::ELSEWHERE_WAIT)
                 .await;
-            self.tried = endpoint;
+            self.tried = endpoint.map(|pin| pin.index);
             match client.lease_keep_alive(self.id).await {
                 Ok((keeper, answers)) => {
                     self.stream = Some(Stream {

@@ -48,6 +48,10 @@ pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on connecting and on the reachability probe.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long a stream that went silent waits for another member to answer before it takes the
+/// next one in the URL's order (see [`client::Client::pinned_elsewhere`]).
+pub(crate) const ELSEWHERE_WAIT: Duration = Duration::from_secs(1);
+
 /// How often an observer checks that the server still answers, and how long it waits.
 const OBSERVER_PROBE: Duration = Duration::from_secs(1);
 
@@ -412,8 +416,8 @@ impl EtcdBackend {
         tx: &mpsc::Sender<Observed>,
         tried: &mut Option<usize>,
     ) -> Result<()> {
-        let (mut client, endpoint) = self.client.pinned_elsewhere(*tried, OBSERVER_PROBE).await;
-        *tried = endpoint;
+        let (mut client, endpoint) = self.client.pinned_elsewhere(*tried, ELSEWHERE_WAIT).await;
+        *tried = endpoint.map(|pin| pin.index);
         let options = WatchOptions::new()
             .with_prefix()
             .with_prev_key()

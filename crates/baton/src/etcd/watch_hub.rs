@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use super::client::{
-    Client, EventType, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
+    Client, EventType, Pin, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
     WatchResponseStream,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -170,7 +170,7 @@ struct Hub {
     stats: Arc<Stats>,
     stream: Option<(WatchRequestSender, WatchResponseStream)>,
     /// The endpoint the stream is pinned to (with several).
-    endpoint: Option<usize>,
+    endpoint: Option<Pin>,
     /// The endpoint of the last stream given up: the next one goes elsewhere.
     avoid: Option<usize>,
     /// Each watch's channel, and whether it asked for the queue check.
@@ -230,7 +230,7 @@ impl Hub {
         }
         let (mut client, endpoint) = self
             .client
-            .pinned_elsewhere(self.avoid, crate::etcd::REQUEST_TIMEOUT)
+            .pinned_elsewhere(self.avoid, crate::etcd::ELSEWHERE_WAIT)
             .await;
         let open = client.watch(key, Some(options));
         match tokio::time::timeout(crate::etcd::REQUEST_TIMEOUT, open).await {
@@ -241,7 +241,7 @@ impl Hub {
             }
             _ => {
                 // The next try goes elsewhere.
-                self.avoid = endpoint;
+                self.avoid = endpoint.map(|pin| pin.index);
                 crate::metrics::backend_error("watch");
                 false
             }
@@ -297,7 +297,7 @@ impl Hub {
     /// The stream is gone: every watch on it is broken.
     fn break_all(&mut self) {
         if self.stream.take().is_some() {
-            self.avoid = self.endpoint.take();
+            self.avoid = self.endpoint.take().map(|pin| pin.index);
         }
         for (_, (fired, _)) in self.watches.drain() {
             let _ = fired.send(Fired::Broken);
