@@ -13,8 +13,9 @@
 //! every endpoint's first answer (bounded) so that such a URL is refused at start.
 //!
 //! A long-lived stream (a lease's renewals, the watches) does not go through the balanced
-//! channel: it is opened on one serving endpoint's own connection ([`Endpoints::pick`]), and
-//! ended by its owner once that endpoint stops answering its checks ([`Endpoints::left`]). On
+//! channel: it is opened on one serving endpoint's own connection ([`Endpoints::pick`], or
+//! [`Endpoints::fastest`] once a stream went silent), and ended by its owner once that
+//! endpoint fails a check ([`Endpoints::left`]). On
 //! the balanced channel a stream stays on the member it was opened on; one that hangs (accepts
 //! connections but never answers) would keep it silent until HTTP/2's pings gave up, 15 s on.
 
@@ -245,8 +246,8 @@ impl Endpoints {
         self.checks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records what a check of endpoint `index` (over `channel`) found; returns whether
-    /// requests may go to it.
+    /// Records what a check of endpoint `index` found (a failure is counted, for
+    /// [`Endpoints::left`]); returns whether requests may go to it.
     fn record(&self, index: usize, found: Result<u64, String>) -> bool {
         let mut checks = self.lock();
         let state = match found {
