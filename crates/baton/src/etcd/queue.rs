@@ -384,7 +384,6 @@ impl EtcdBackend {
     }
 }
 
-/// The entries of an election, keys only, newest (queue's last) first.
 /// The entry just ahead of ours, as the queue sees it. Every baton entry is bound to a lease:
 /// one without is someone else's key under the election (an `etcdctl put`, say), which no
 /// lease ever removes, so we would wait behind it for good. Said as a warning each time a
@@ -401,6 +400,7 @@ fn ahead_of(entrant: &EtcdEntrant, kv: &super::client::KeyValue) -> (Vec<u8>, Po
     (kv.key().to_vec(), position(kv.create_revision()))
 }
 
+/// The entries of an election, keys only, newest (queue's last) first.
 fn newest_first() -> GetOptions {
     GetOptions::new()
         .with_prefix()
