@@ -24,10 +24,6 @@ use std::time::Duration;
 
 use crate::{ElectionConfig, Instant};
 
-/// Renewals allowed in flight at once. Acknowledgements are matched to the *oldest* outstanding
-/// send time, which can only make the deadline earlier; the cap bounds that queue.
-const MAX_RENEWALS_IN_FLIGHT: usize = 4;
-
 /// Shortest and longest pause before retrying a failed renewal.
 const MIN_RETRY: Duration = Duration::from_millis(10);
 const MAX_RETRY: Duration = Duration::from_millis(500);
@@ -44,7 +40,7 @@ pub enum Action {
     Renew,
     /// Forget every renewal in flight: an answer to one of them must never be fed to
     /// [`LeaseCore::handle_renewed`] (it would be matched to a later send time). A renewal
-    /// failed, or the oldest one went unanswered for a whole renew interval, so the way
+    /// failed, or the one in flight went unanswered for a whole renew interval, so the way
     /// renewals travel (a stream, a connection) is taken as dead: open another, on another
     /// server if there is one. A [`Action::Renew`] follows.
     Reopen,
@@ -85,7 +81,9 @@ pub struct LeaseCore {
     /// Send time of the latest acknowledged grant or renewal: what the deadline counts from.
     acknowledged_send: Option<Instant>,
     next_renew_at: Option<Instant>,
-    renewals_in_flight: VecDeque<Instant>,
+    /// The send time of the renewal awaiting its answer. One at a time: the next is due a
+    /// renew interval after it, which is when it is given up if still unanswered.
+    renewal_in_flight: Option<Instant>,
     actions: VecDeque<Action>,
 }
 
@@ -100,7 +98,7 @@ impl LeaseCore {
             deadline: None,
             acknowledged_send: None,
             next_renew_at: None,
-            renewals_in_flight: VecDeque::new(),
+            renewal_in_flight: None,
             actions: VecDeque::new(),
         }
     }
@@ -150,7 +148,7 @@ impl LeaseCore {
     pub fn revoke(&mut self, _now: Instant) {
         if matches!(self.state, LeaseState::Granting | LeaseState::Active) {
             self.state = LeaseState::Revoked;
-            self.renewals_in_flight.clear();
+            self.renewal_in_flight = None;
             self.actions.push_back(Action::Revoke);
         }
     }
@@ -189,7 +187,7 @@ impl LeaseCore {
         }
     }
 
-    /// The server acknowledged the oldest outstanding renewal; the lease now has `granted_ttl`
+    /// The server acknowledged the renewal in flight; the lease now has `granted_ttl`
     /// (zero means the server no longer knows the lease).
     pub fn handle_renewed(&mut self, now: Instant, granted_ttl: Duration) {
         if self.state != LeaseState::Active {
@@ -201,7 +199,7 @@ impl LeaseCore {
         if self.expire_if_due(now) {
             return;
         }
-        let Some(sent_at) = self.renewals_in_flight.pop_front() else {
+        let Some(sent_at) = self.renewal_in_flight.take() else {
             // An acknowledgement we did not ask for proves nothing about when the server
             // renewed; ignore it.
             return;
@@ -214,7 +212,7 @@ impl LeaseCore {
         let candidate = sent_at + self.config.local_lease(granted_ttl);
         let deadline = self.deadline.expect("active lease has a deadline");
         self.deadline = Some(deadline.max(candidate));
-        // Sends are acknowledged oldest first, so this only moves forward.
+        // Sends go one at a time, so this only moves forward.
         assert!(self
             .acknowledged_send
             .is_some_and(|previous| previous <= sent_at));
@@ -228,7 +226,7 @@ impl LeaseCore {
         if self.state != LeaseState::Active {
             return;
         }
-        self.renewals_in_flight.clear();
+        self.renewal_in_flight = None;
         self.actions.push_back(Action::Reopen);
         let retry = (self.config.renew_interval() / 4).clamp(MIN_RETRY, MAX_RETRY);
         self.next_renew_at = Some(now + retry);
@@ -255,13 +253,13 @@ impl LeaseCore {
             // behind a stream that goes nowhere (a member that hangs, a connection a
             // middlebox dropped without a word), which would stay silent until the lease ran
             // out. Give those renewals up and send again at once, on a new stream.
-            self.renewals_in_flight.clear();
+            self.renewal_in_flight = None;
             self.actions.push_back(Action::Reopen);
             self.next_renew_at = Some(now);
         }
         let due = self.next_renew_at.is_some_and(|at| now >= at);
-        if due && self.renewals_in_flight.len() < MAX_RENEWALS_IN_FLIGHT {
-            self.renewals_in_flight.push_back(now);
+        if due && self.renewal_in_flight.is_none() {
+            self.renewal_in_flight = Some(now);
             self.next_renew_at = Some(now + self.config.renew_interval());
             self.actions.push_back(Action::Renew);
         }
@@ -280,22 +278,16 @@ impl LeaseCore {
             return None;
         }
         let deadline = self.deadline?;
-        let renew = if self.renewals_in_flight.len() < MAX_RENEWALS_IN_FLIGHT {
-            self.next_renew_at
-        } else {
-            None
-        };
-        let first = [renew, self.unanswered_until()]
+        let first = [self.next_renew_at, self.unanswered_until()]
             .into_iter()
             .flatten()
             .fold(deadline, Instant::min);
         Some(first)
     }
 
-    /// When the oldest renewal in flight will have gone unanswered for a renew interval.
+    /// When the renewal in flight will have gone unanswered for a renew interval.
     fn unanswered_until(&self) -> Option<Instant> {
-        let oldest = *self.renewals_in_flight.front()?;
-        Some(oldest + self.config.renew_interval())
+        Some(self.renewal_in_flight? + self.config.renew_interval())
     }
 
     fn expire_if_due(&mut self, now: Instant) -> bool {
@@ -308,7 +300,7 @@ impl LeaseCore {
 
     fn become_expired(&mut self) {
         self.state = LeaseState::Expired;
-        self.renewals_in_flight.clear();
+        self.renewal_in_flight = None;
         self.next_renew_at = None;
         self.actions.push_back(Action::Expired);
     }
@@ -499,7 +491,7 @@ mod tests {
         for now in (610..1800).step_by(10) {
             core.handle_timeout(at(now));
             actions.extend(drain(&mut core));
-            assert!(core.renewals_in_flight.len() <= 1, "at {now}");
+            assert!(core.renewal_in_flight.into_iter().count() <= 1, "at {now}");
         }
         // One renewal, then every interval a reopen and a renewal; the deadline stays put.
         assert_eq!(actions[0], Action::Renew);
