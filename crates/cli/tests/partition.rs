@@ -273,7 +273,9 @@ fn zombies_of(pid: u32) -> Vec<String> {
 /// proxy to the etcd API under test, then partitioned; a lease's renewals and the watches go
 /// to the first endpoint that answers, so every leader's and the waiter's streams start there.
 /// Before, such a stream stayed silent until HTTP/2's pings gave up (15 s): leaders at TTL 2 s
-/// lost their terms, and the waiter slept through its predecessor's resign.
+/// lost their terms, and the waiter slept through its predecessor's resign. `baton observe`
+/// on the same URL says `unavailable` once, goes on from another member and shows the
+/// handoff, every line JSON, as the README says.
 #[test]
 fn a_hung_member_of_the_url_ends_no_term_and_deafens_no_waiter() {
     let dir = scratch("hung-member");
@@ -291,6 +293,26 @@ fn a_hung_member_of_the_url_ends_no_term_and_deafens_no_waiter() {
     }
     let waiter = Runner::start(&url, &elections[0], "2s", &dir, "w");
     wait_queued_at(&url_of(&live), &elections[0], 2);
+    let observed = dir.join("observe.out");
+    let mut observer = baton()
+        .args(["observe", "--backend", &url, "--election", &elections[0]])
+        .stdout(std::fs::File::create(&observed).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&observed)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("observe prints JSON lines"))
+            .collect()
+    };
+    wait_for("observe shows a", Duration::from_secs(5), || {
+        lines()
+            .last()
+            .is_some_and(|line| line["leader"]["id"] == "a")
+            .then_some(())
+    });
 
     hung.set_partitioned(true);
     std::thread::sleep(Duration::from_secs(5));
@@ -308,11 +330,65 @@ fn a_hung_member_of_the_url_ends_no_term_and_deafens_no_waiter() {
     let handed_at = Instant::now();
     waiter.wait_running(Duration::from_secs(3));
     let waited = handed_at.elapsed();
+    wait_for("observe shows w", Duration::from_secs(3), || {
+        lines()
+            .last()
+            .is_some_and(|line| line["leader"]["id"] == "w")
+            .then_some(())
+    });
     hung.set_partitioned(false);
+    observer.kill().unwrap();
+    observer.wait().unwrap();
     assert!(waited < Duration::from_secs(3), "{waited:?}");
+    let unavailable = lines()
+        .iter()
+        .filter(|line| line.get("unavailable").is_some())
+        .count();
+    assert_eq!(unavailable, 1, "{:?}", lines());
 }
 
 /// The tests' URL for the etcd API at `endpoint`.
 fn url_of(endpoint: &str) -> String {
     format!("etcd://{endpoint}/baton-cli-test")
+}
+
+/// Every member of a multi-endpoint URL hangs at once: the leader's renewals go unanswered on
+/// each (given up and sent again, member after member), and it still stops its command on its
+/// own deadline, before a rival connected directly can start.
+#[test]
+fn a_leader_whose_members_all_hang_stops_before_its_rival_starts() {
+    let dir = scratch("all-hung");
+    let live = etcd_api();
+    let (first, second) = (Proxy::start(live.clone()), Proxy::start(live.clone()));
+    let url = format!(
+        "etcd://127.0.0.1:{},127.0.0.1:{}/baton-cli-test",
+        first.port, second.port
+    );
+    let election = unique("all-hung");
+    let a = Runner::start(&url, &election, "2s", &dir, "a");
+    let a_token = a.wait_running(Duration::from_secs(10));
+    let a_pid = a.child_pid().unwrap();
+    let b = Runner::start(&url_of(&live), &election, "2s", &dir, "b");
+    wait_queued_at(&url_of(&live), &election, 2);
+
+    let hung_at = Instant::now();
+    first.set_partitioned(true);
+    second.set_partitioned(true);
+    let mut a_dead_at = None;
+    let b_started_at = wait_for("b runs", Duration::from_secs(6), || {
+        if a_dead_at.is_none() && !alive(a_pid) {
+            a_dead_at = Some(Instant::now());
+        }
+        b.token().map(|_| Instant::now())
+    });
+    let a_dead_at = a_dead_at.expect("a's command was still running when b's started");
+    assert!(a_dead_at < b_started_at);
+    assert!(
+        a_dead_at - hung_at < Duration::from_millis(2_500),
+        "{:?}",
+        a_dead_at - hung_at
+    );
+    assert!(b.token().unwrap() > a_token);
+    first.set_partitioned(false);
+    second.set_partitioned(false);
 }
