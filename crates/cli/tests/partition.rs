@@ -51,16 +51,7 @@ fn partitioned_leader_stops_before_the_successor_starts_and_stays_stopped_after_
 
     let partitioned_at = Instant::now();
     proxy.set_partitioned(true);
-    // Poll both: a's command must be gone strictly before b's starts.
-    let mut a_dead_at = None;
-    let b_started_at = wait_for("b runs", Duration::from_secs(6), || {
-        if a_dead_at.is_none() && !alive(a_pid) {
-            a_dead_at = Some(Instant::now());
-        }
-        b.token().map(|_| Instant::now())
-    });
-    let a_dead_at = a_dead_at.expect("a's command was still running when b's started");
-    assert!(a_dead_at < b_started_at);
+    let a_dead_at = stopped_before_the_successor_starts(a_pid, &b);
     // a stopped on its own clock, about a TTL after the partition started (its local
     // deadline counts from its last renewal, before the partition; slack for a loaded machine).
     assert!(
@@ -374,6 +365,20 @@ fn a_leader_whose_members_all_hang_stops_before_its_rival_starts() {
     let hung_at = Instant::now();
     first.set_partitioned(true);
     second.set_partitioned(true);
+    let a_dead_at = stopped_before_the_successor_starts(a_pid, &b);
+    assert!(
+        a_dead_at - hung_at < Duration::from_millis(2_500),
+        "{:?}",
+        a_dead_at - hung_at
+    );
+    assert!(b.token().unwrap() > a_token);
+    first.set_partitioned(false);
+    second.set_partitioned(false);
+}
+
+/// Polls both (for up to 6 s): the command `a_pid` must be gone strictly before `b`'s starts.
+/// Returns when it was seen gone.
+fn stopped_before_the_successor_starts(a_pid: u64, b: &Runner) -> Instant {
     let mut a_dead_at = None;
     let b_started_at = wait_for("b runs", Duration::from_secs(6), || {
         if a_dead_at.is_none() && !alive(a_pid) {
@@ -383,12 +388,5 @@ fn a_leader_whose_members_all_hang_stops_before_its_rival_starts() {
     });
     let a_dead_at = a_dead_at.expect("a's command was still running when b's started");
     assert!(a_dead_at < b_started_at);
-    assert!(
-        a_dead_at - hung_at < Duration::from_millis(2_500),
-        "{:?}",
-        a_dead_at - hung_at
-    );
-    assert!(b.token().unwrap() > a_token);
-    first.set_partitioned(false);
-    second.set_partitioned(false);
+    a_dead_at
 }
