@@ -75,6 +75,9 @@ pub struct Growth {
     /// No bound until [`LogStore::growth`] sets one.
     limit: AtomicU64,
     past: tokio::sync::Notify,
+    /// Purges so far, and a wake-up for every waiter at each.
+    purges: AtomicU64,
+    purged: tokio::sync::Notify,
 }
 
 impl Growth {
@@ -91,6 +94,46 @@ impl Growth {
     /// Waits for an append that leaves the log past the bound (one stored if none waited).
     pub async fn past_limit(&self) {
         self.past.notified().await
+    }
+
+    /// Counts a purge that freed `bytes`, and wakes whoever waits for one.
+    fn count_purge(&self, bytes: u64) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.purges.fetch_add(1, Ordering::Relaxed);
+        self.purged.notify_waiters();
+    }
+
+    /// How many purges have shrunk the log so far.
+    pub fn purges(&self) -> u64 {
+        self.purges.load(Ordering::Relaxed)
+    }
+
+    /// Waits, for at most `wait`, until `done` holds; it is checked again after each purge
+    /// (only a purge shrinks the log). Returns whether it held.
+    async fn until(&self, wait: std::time::Duration, done: impl Fn() -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let purged = self.purged.notified();
+            tokio::pin!(purged);
+            // Registered before `done` is read: a purge in between still wakes us.
+            purged.as_mut().enable();
+            if done() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, purged).await.is_err() {
+                return done();
+            }
+        }
+    }
+
+    /// Waits, for at most `wait`, until the log is at most `bytes` big.
+    pub async fn at_most(&self, bytes: u64, wait: std::time::Duration) -> bool {
+        self.until(wait, || self.bytes() <= bytes).await
+    }
+
+    /// Waits, for at most `wait`, for a purge after the `seen`th.
+    pub async fn purged_after(&self, seen: u64, wait: std::time::Duration) -> bool {
+        self.until(wait, || self.purges() > seen).await
     }
 }
 
@@ -128,6 +171,8 @@ impl LogStore {
             bytes: AtomicU64::new(cached.sizes.values().sum()),
             limit: AtomicU64::new(u64::MAX),
             past: tokio::sync::Notify::new(),
+            purges: AtomicU64::new(0),
+            purged: tokio::sync::Notify::new(),
         });
         let (sender, queue) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -152,8 +197,7 @@ impl LogStore {
 
     /// Drops the sizes of the entries in `removed` from the count.
     fn forget_sizes(&self, removed: BTreeMap<u64, u64>) {
-        let freed: u64 = removed.values().sum();
-        self.growth.bytes.fetch_sub(freed, Ordering::Relaxed);
+        self.growth.count_purge(removed.values().sum());
     }
 
     /// The last log entry folded into a snapshot and removed from the log, if any.
@@ -610,4 +654,60 @@ fn write_new_identity(db: &Database) -> io::Result<Identity> {
         .map_err(io::Error::other)?;
     txn.commit().map_err(io::Error::other)?;
     Ok(identity)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn growth(bytes: u64, limit: u64) -> Arc<Growth> {
+        Arc::new(Growth {
+            bytes: AtomicU64::new(bytes),
+            limit: AtomicU64::new(limit),
+            past: tokio::sync::Notify::new(),
+            purges: AtomicU64::new(0),
+            purged: tokio::sync::Notify::new(),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_most_waits_for_the_purge_that_shrinks_the_log_enough() {
+        let log = growth(300, 100);
+        assert!(
+            log.at_most(300, Duration::from_secs(1)).await,
+            "already small enough"
+        );
+        let purger = {
+            let log = log.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                log.count_purge(50); // 250: not yet
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                log.count_purge(200); // 50
+            })
+        };
+        let started = tokio::time::Instant::now();
+        assert!(log.at_most(100, Duration::from_secs(1)).await);
+        assert_eq!(started.elapsed(), Duration::from_millis(200));
+        purger.await.unwrap();
+        // No purge comes: false once the wait is over, not before.
+        log.bytes.store(500, Ordering::Relaxed);
+        let started = tokio::time::Instant::now();
+        assert!(!log.at_most(100, Duration::from_secs(1)).await);
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_purge_before_the_wait_begins_is_not_missed() {
+        let log = growth(300, 100);
+        let seen = log.purges();
+        // The snapshot (and its purge) finished before the task got round to waiting.
+        log.count_purge(300);
+        let started = tokio::time::Instant::now();
+        assert!(log.purged_after(seen, Duration::from_secs(1)).await);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        // A later wait needs a later purge.
+        assert!(!log.purged_after(log.purges(), Duration::from_secs(1)).await);
+    }
 }

@@ -135,11 +135,28 @@ const MAX_QUEUED_PROPOSALS: usize = 8_192;
 /// The most commands one log entry carries: bounds an entry's size and apply time.
 const MAX_PROPOSAL_COMMANDS: usize = 512;
 
+/// How long the snapshot task waits for the purge that follows a snapshot it asked for.
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(1);
+
 /// Group commit: writes one log entry at a time, each carrying every command that arrived
 /// while the previous one was being written (up to [`MAX_PROPOSAL_COMMANDS`]). One client
 /// alone waits for one fsync, as before; 64 clients share theirs.
-async fn run_proposer(raft: Raft<TypeConfig>, mut pending: mpsc::Receiver<Pending>) {
+///
+/// Backpressure: while the unpurged log (held in memory too) is past twice its bound, because
+/// writes outran the snapshot being built, the next entry waits for a purge. A flood of big
+/// values then costs at most that much memory, however fast it comes.
+async fn run_proposer(
+    raft: Raft<TypeConfig>,
+    mut pending: mpsc::Receiver<Pending>,
+    growth: Arc<log_store::Growth>,
+) {
     while let Some(first) = pending.recv().await {
+        let cap = growth.limit().saturating_mul(2);
+        while !growth.at_most(cap, SNAPSHOT_WAIT).await {
+            if raft.metrics().borrow().running_state.is_err() {
+                break;
+            }
+        }
         let mut batch = vec![first];
         while batch.len() < MAX_PROPOSAL_COMMANDS {
             match pending.try_recv() {
@@ -440,7 +457,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         .map_err(|e| ServerError::Raft(format!("the member did not become leader: {e}")))?;
     // Bounded: when the log cannot keep up, clients wait to be queued.
     let (proposals, pending) = mpsc::channel(MAX_QUEUED_PROPOSALS);
-    let proposer = tokio::spawn(run_proposer(raft.clone(), pending));
+    let proposer = tokio::spawn(run_proposer(raft.clone(), pending, log_growth.clone()));
     let snapshots = tokio::spawn(snapshot_when_the_log_grows(raft.clone(), log_growth));
     let node = Arc::new(Node {
         id: identity.member_id,
@@ -531,10 +548,13 @@ async fn snapshot_when_the_log_grows(raft: Raft<TypeConfig>, growth: Arc<log_sto
         if growth.bytes() <= growth.limit() {
             continue;
         }
+        let seen = growth.purges();
         if raft.trigger().snapshot().await.is_err() {
             return;
         }
-        // A snapshot is built in the background: give it time before asking again.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // A snapshot is built in the background and then purges the log. Ask again only after
+        // that (a trigger while one is being built is dropped), at once if appends during the
+        // build left the log past its bound again; at most a second for one that never comes.
+        growth.purged_after(seen, SNAPSHOT_WAIT).await;
     }
 }
