@@ -450,3 +450,8 @@ async fn a_hung_member_in_the_url_ends_no_term() {
 async fn a_member_back_from_a_hang_is_used_again() {
     etcd_support::check_a_member_back_from_a_hang_is_used_again(&etcd()).await;
 }
+
+#[tokio::test]
+async fn a_resign_into_a_fresh_hang_is_heard() {
+    etcd_support::check_a_resign_into_a_fresh_hang_is_heard(&etcd()).await;
+}

@@ -403,3 +403,8 @@ async fn a_start_revision_of_minus_one_watches_from_now_before_any_compaction() 
         "no history, only what came after"
     );
 }
+
+#[tokio::test]
+async fn a_resign_into_a_fresh_hang_is_heard() {
+    etcd_support::check_a_resign_into_a_fresh_hang_is_heard(server_support::shared()).await;
+}

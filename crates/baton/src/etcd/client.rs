@@ -219,6 +219,14 @@ impl Client {
         self.pinned(avoid)
     }
 
+    /// With several endpoints, a client whose requests go to the endpoint that answers a read
+    /// first now (each asked at once, for up to `limit`; see [`Endpoints::fastest`]). `None`
+    /// with one endpoint, or when none answers.
+    pub(crate) async fn fastest(&self, limit: Duration) -> Option<Client> {
+        let (_, channel) = self.endpoints.as_ref()?.fastest(limit).await?;
+        Some(self.on(channel))
+    }
+
     /// Resolves once the endpoint of `pin` (from [`Client::pinned`]) fails a check after
     /// the pin was made, with its name; never for `None`.
     pub(crate) async fn left(&self, pin: Option<Pin>) -> String {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::client::{Client, LeaseKeepAliveStream, LeaseKeeper, Pin};
 
-use super::{backend_error, request};
+use super::{backend_error, hedged, request, REQUEST_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::lease_driver::LeaseTransport;
 use crate::stats::Stats;
@@ -125,10 +125,17 @@ impl LeaseTransport for EtcdLeaseTransport {
     }
 
     async fn revoke(&mut self) -> Result<()> {
-        // Bounded like the grant (the driver's bound is the renew interval, which can be long).
-        let revoke = self.client.lease_revoke(self.id);
-        request(&self.stats, "lease revoke", revoke)
-            .await
-            .map(|_| ())
+        // Bounded like the grant (the driver's bound is the renew interval, which can be long),
+        // and sent again elsewhere if its member hangs: a second revoke changes nothing.
+        let id = self.id;
+        let revoke = |mut client: Client| async move { client.lease_revoke(id).await };
+        hedged(
+            &self.client,
+            REQUEST_TIMEOUT,
+            &self.stats,
+            "lease revoke",
+            revoke,
+        )
+        .await
     }
 }

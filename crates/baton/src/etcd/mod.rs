@@ -132,6 +132,59 @@ async fn request_within<T>(
     timed(limit, operation, call).await
 }
 
+/// How long a request that may be sent twice waits for its answer before [`hedged`] sends it
+/// again elsewhere. A healthy member answers a write in milliseconds (one fsync).
+const HEDGE_AFTER: Duration = Duration::from_millis(300);
+
+/// Runs `make(client)` under `limit`, counting it, like [`request_within`]; with several
+/// endpoints, if no answer came within [`HEDGE_AFTER`], also `make` on a client pinned to the
+/// member that answers a read first. The balanced channel may have sent the first to a member
+/// that hangs (accepts, never answers), which it keeps using until a check has waited 2 s for
+/// it: a resign lost that way left the successor waiting out the TTL. The first success wins;
+/// a failure waits for the other's answer. Only for a request that does nothing more when
+/// applied twice: a delete guarded by our key's create revision or lease, a revoke.
+async fn hedged<T, Fut>(
+    client: &Client,
+    limit: Duration,
+    stats: &Stats,
+    operation: &'static str,
+    make: impl Fn(Client) -> Fut,
+) -> Result<T>
+where
+    Fut: std::future::Future<Output = std::result::Result<T, client::Error>>,
+{
+    stats.request();
+    let call = async {
+        let first = make(client.clone());
+        tokio::pin!(first);
+        tokio::select! {
+            answer = &mut first => return answer,
+            () = tokio::time::sleep(HEDGE_AFTER) => {}
+        }
+        let second = async {
+            let Some(other) = client.fastest(limit).await else {
+                return Err(client::Error::GRpcStatus(tonic::Status::unavailable(
+                    "no other endpoint answered",
+                )));
+            };
+            stats.request();
+            make(other).await
+        };
+        tokio::pin!(second);
+        tokio::select! {
+            answer = &mut first => match answer {
+                Ok(value) => Ok(value),
+                Err(error) => second.await.map_err(|_| error),
+            },
+            answer = &mut second => match answer {
+                Ok(value) => Ok(value),
+                Err(_) => first.await,
+            },
+        }
+    };
+    timed(limit, operation, call).await
+}
+
 /// Runs one request under `limit`, mapping its failure and its timeout to [`Error`].
 async fn timed<T>(
     limit: Duration,

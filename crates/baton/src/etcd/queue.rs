@@ -9,7 +9,7 @@ use baton_core::ElectionConfig;
 
 use super::fence::EtcdFencer;
 use super::watch_hub::{DeletionWatch, QueueCheck};
-use super::{request, request_within, EtcdBackend, EtcdLease, DELETE_TIMEOUT};
+use super::{hedged, request, EtcdBackend, EtcdLease, DELETE_TIMEOUT};
 use crate::driver::{
     EntryWatch, Fired, Located, Position, Queue, QueueLease, ReadPoint, TokenMemory,
 };
@@ -372,12 +372,17 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when([condition])
             .and_then([TxnOp::delete(key.to_vec(), None), TxnOp::txn(id_entry)]);
-        let mut client = self.client.clone();
-        request_within(
+        // Sent again elsewhere if its member hangs: a lost resign leaves the successor
+        // waiting out the TTL, and the guard makes a second delete do nothing.
+        hedged(
+            &self.client,
             DELETE_TIMEOUT,
             &self.stats,
             "delete candidate key",
-            client.txn(txn),
+            |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            },
         )
         .await?;
         Ok(())

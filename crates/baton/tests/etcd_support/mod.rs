@@ -568,3 +568,51 @@ pub async fn check_a_member_back_from_a_hang_is_used_again(live: &str) {
     second.set_partitioned(false);
     leadership.resign().await;
 }
+
+/// A member hangs just as a leader resigns. Its checks have not yet left it out, so the
+/// balanced channel may send the resign to it; the resign is then sent again to a member that
+/// answers, and the waiter is elected well within the TTL. Before, a resign lost that way
+/// waited out its 2 s bound, and the waiter the lease's TTL after it. Several rounds, each
+/// with a fresh connection: which member the channel picks is not ours to choose.
+pub async fn check_a_resign_into_a_fresh_hang_is_heard(live: &str) {
+    use crate::conformance::{config, queued, unique, within};
+    use std::time::{Duration, Instant};
+    let hung = proxy::Proxy::start(live.to_string());
+    let url = format!("etcd://127.0.0.1:{},{live}/baton-test", hung.port);
+    let waiter_backend = baton::Backend::connect(&format!("etcd://{live}/baton-test"))
+        .await
+        .unwrap();
+    for round in 0..6 {
+        let backend = baton::Backend::connect(&url).await.unwrap();
+        let election =
+            baton::Election::new(&backend, &unique("resign-into-hang"), config()).unwrap();
+        let leadership = within(
+            "campaign",
+            Duration::from_secs(5),
+            election.campaign("leader"),
+        )
+        .await
+        .unwrap();
+        let waiter = baton::Election::new(&waiter_backend, election.name(), config()).unwrap();
+        let waiting = tokio::spawn(async move { waiter.campaign("waiter").await });
+        queued(&election, 2).await;
+        hung.set_partitioned(true);
+        let resigned = Instant::now();
+        leadership.resign().await;
+        let elected = within(
+            "the waiter's election after a resign sent as a member hung",
+            Duration::from_millis(1500),
+            waiting,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        eprintln!(
+            "round {round}: the waiter led {} ms after the resign",
+            resigned.elapsed().as_millis()
+        );
+        hung.set_partitioned(false);
+        elected.resign().await;
+        backend.close().await;
+    }
+}
