@@ -304,14 +304,14 @@ impl Client {
         Ok(())
     }
 
-    /// Opens a keep-alive stream for lease `id` and renews it once, waiting for the answer:
-    /// [`Error::LeaseKeepAlive`] if the server no longer knows the lease (TTL ≤ 0), as
-    /// `etcd-client` reports it. Later renewals go through the keeper, their answers come on the
-    /// stream.
+    /// Opens a keep-alive stream for lease `id` and renews it once, waiting for the answer: the
+    /// TTL it gives, or [`Error::LeaseKeepAlive`] if the server no longer knows the lease (TTL
+    /// ≤ 0), as `etcd-client` reports it. Later renewals go through the keeper, their answers
+    /// come on the stream.
     pub(crate) async fn lease_keep_alive(
         &mut self,
         id: i64,
-    ) -> Result<(LeaseKeeper, LeaseKeepAliveStream)> {
+    ) -> Result<(LeaseKeeper, LeaseKeepAliveStream, Duration)> {
         self.any_serving()?;
         let (sender, receiver) = mpsc::channel(STREAM_QUEUE);
         let mut keeper = LeaseKeeper { id, sender };
@@ -325,7 +325,11 @@ impl Client {
             Some(response) if response.ttl <= 0 => {
                 Err(Error::LeaseKeepAlive("lease not found".to_string()))
             }
-            Some(_) => Ok((keeper, LeaseKeepAliveStream { responses })),
+            Some(response) => Ok((
+                keeper,
+                LeaseKeepAliveStream { responses },
+                Duration::from_secs(response.ttl as u64),
+            )),
             None => Err(Error::Watch("failed to create lease keeper".to_string())),
         }
     }

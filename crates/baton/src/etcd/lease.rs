@@ -30,6 +30,10 @@ pub(super) struct EtcdLeaseTransport {
     pub(super) on_grant: Option<tokio::sync::oneshot::Sender<i64>>,
     /// The server said the lease no longer exists.
     pub(super) gone: bool,
+    /// The answer to the renewal a new stream opened with, not yet handed over: it is the
+    /// answer to the renewal whose send opened the stream (one round trip fewer than sending
+    /// another on it, which counts when a stream is reopened against a lease's deadline).
+    pub(super) opened: Option<Duration>,
 }
 
 /// An open keepalive stream.
@@ -56,7 +60,7 @@ impl LeaseTransport for EtcdLeaseTransport {
 
     async fn send_renewal(&mut self) -> Result<()> {
         if self.stream.is_none() {
-            // Opening the renewal stream is renewal traffic, counted with the renewals.
+            // The renewal a new stream opens with is this renewal.
             self.stats.renewals.fetch_add(1, Ordering::Relaxed);
             // After a stream went silent, the next goes to the member that answers first.
             let (mut client, endpoint) = self
@@ -65,13 +69,15 @@ impl LeaseTransport for EtcdLeaseTransport {
                 .await;
             self.tried = endpoint.map(|pin| pin.index);
             match client.lease_keep_alive(self.id).await {
-                Ok((keeper, answers)) => {
+                Ok((keeper, answers, ttl)) => {
                     self.stream = Some(Stream {
                         keeper,
                         answers,
                         client,
                         endpoint,
-                    })
+                    });
+                    self.opened = Some(ttl);
+                    return Ok(());
                 }
                 // The client reports a lease the server no longer knows (TTL ≤ 0 on the
                 // opening renewal) this way: the lease is gone, not the network.
@@ -93,12 +99,16 @@ impl LeaseTransport for EtcdLeaseTransport {
 
     fn reopen(&mut self) {
         self.stream = None;
+        self.opened = None;
         self.avoid = self.tried;
     }
 
     async fn next_renewal(&mut self) -> Result<Duration> {
         if self.gone {
             return Ok(Duration::ZERO);
+        }
+        if let Some(ttl) = self.opened.take() {
+            return Ok(ttl);
         }
         let Some(stream) = self.stream.as_mut() else {
             return std::future::pending().await;

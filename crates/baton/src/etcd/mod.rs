@@ -322,6 +322,7 @@ impl EtcdBackend {
                     stats: self.stats.clone(),
                     on_grant: Some(id_tx),
                     gone: false,
+                    opened: None,
                 };
                 let handle = start_lease(transport, config.clone(), self.clock.clone()).await?;
                 let id = id_rx.await.map_err(|_| Error::Closed)?;
