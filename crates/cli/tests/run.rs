@@ -211,11 +211,13 @@ fn observe_prints_the_current_state_then_each_change() {
     let dir = scratch("observe");
     let election = unique("observe");
     let out = std::fs::File::create(dir.join("observe.out")).unwrap();
-    let mut observer = baton()
-        .args(["observe", "--backend", &url(), "--election", &election])
-        .stdout(out)
-        .spawn()
-        .unwrap();
+    let observer = Reaped(
+        baton()
+            .args(["observe", "--backend", &url(), "--election", &election])
+            .stdout(out)
+            .spawn()
+            .unwrap(),
+    );
     let lines = || std::fs::read_to_string(dir.join("observe.out")).unwrap_or_default();
     wait_for("initial line", Duration::from_secs(3), || {
         (!lines().is_empty()).then_some(())
@@ -254,8 +256,7 @@ fn observe_prints_the_current_state_then_each_change() {
         got[2],
         serde_json::json!({"election": election, "leader": null})
     );
-    observer.kill().unwrap();
-    observer.wait().unwrap();
+    drop(observer);
 }
 
 #[test]
@@ -747,24 +748,26 @@ fn an_unwritable_stdout_is_one_line_naming_stdout() {
 fn observe_ends_quietly_when_its_reader_closes_the_pipe() {
     use std::io::BufRead;
     let election = unique("observe-pipe");
-    let mut observer = baton()
-        .args(["observe", "--backend", &url(), "--election", &election])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut observer = Reaped(
+        baton()
+            .args(["observe", "--backend", &url(), "--election", &election])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut first = String::new();
-    std::io::BufReader::new(observer.stdout.take().unwrap())
+    std::io::BufReader::new(observer.0.stdout.take().unwrap())
         .read_line(&mut first)
         .unwrap();
     assert!(first.contains("\"leader\":null"), "{first}");
     // The reader is gone (dropped above) and nothing changes: it ends anyway, at once,
     // quietly (not at the next change, which may be days away).
     let exited = wait_for("observe ends", Duration::from_secs(5), || {
-        observer.try_wait().unwrap()
+        observer.0.try_wait().unwrap()
     });
     let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut observer.stderr.take().unwrap(), &mut stderr).unwrap();
+    std::io::Read::read_to_string(&mut observer.0.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(exited.success(), "{exited}: {stderr}");
     assert!(stderr.is_empty(), "{stderr}");
 }

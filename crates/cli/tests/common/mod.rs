@@ -472,6 +472,17 @@ impl Drop for Runner {
     }
 }
 
+/// A child process killed and reaped when dropped: one a failed assertion leaves behind
+/// would otherwise run on after the test binary (a `baton observe` retrying forever).
+pub struct Reaped(pub std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Every descendant of `root` (through /proc's children lists).
 pub fn descendants(root: i32) -> Vec<i32> {
     let mut found = Vec::new();
