@@ -432,12 +432,25 @@ impl EtcdBackend {
     }
 
     /// All candidates of an election, by create revision, and the revision of the read.
+    ///
+    /// Sent again elsewhere if unanswered for [`HEDGE_AFTER`] (a read is safe twice): after an
+    /// outage the observer resynchronises with it, and the balanced channel may still send it
+    /// to the member that just hung, which would cost the whole request timeout, 5 s with
+    /// nothing to show.
     async fn snapshot(&self, prefix: &str) -> Result<(BTreeMap<i64, String>, i64)> {
-        let mut client = self.client.clone();
-        let response = request(
+        let response = hedged(
+            &self.client,
+            REQUEST_TIMEOUT,
             &self.stats,
             "get candidates",
-            client.get(prefix, Some(GetOptions::new().with_prefix())),
+            |mut client| {
+                let prefix = prefix.to_string();
+                async move {
+                    client
+                        .get(prefix, Some(GetOptions::new().with_prefix()))
+                        .await
+                }
+            },
         )
         .await?;
         let revision = response.header().map_or(0, |h| h.revision());
@@ -476,7 +489,15 @@ impl EtcdBackend {
             .with_prefix()
             .with_prev_key()
             .with_start_revision(*revision + 1);
-        let mut stream = request(&self.stats, "watch", client.watch(prefix, Some(options))).await?;
+        // Bounded as a probe is: a member that hangs just as the watch opens would otherwise
+        // keep the observer silent for the whole request timeout.
+        let mut stream = request_within(
+            OBSERVER_PROBE,
+            &self.stats,
+            "watch",
+            client.watch(prefix, Some(options)),
+        )
+        .await?;
         // A watch says nothing while the server is silent (stopped, partitioned): probe it, so
         // that "no news" is never mistaken for "no change" for long.
         let mut closing = std::pin::pin!(self.leases.closing());
