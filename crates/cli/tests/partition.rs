@@ -268,7 +268,7 @@ fn zombies_of(pid: u32) -> Vec<String> {
 /// the hung member is given up a renew interval (1 s) after its send and answered elsewhere
 /// before the local deadline, 0.87 s on (at 2 s that slack is 0.55 s, which a debug build
 /// starved of CPU has missed). The hang lasts 6 s before the handoff: twice the TTL, and past
-/// the 4 s in which the endpoint checks find a hung member (the waiter's watch moves then).
+/// the 4 s in which the endpoint checks find a hung member.
 /// `baton observe`
 /// on the same URL says `unavailable` once, goes on from another member and shows the
 /// handoff, every line JSON, as the README says.
@@ -397,6 +397,46 @@ fn observe_hears_a_handoff_soon_after_its_member_hangs() {
         drop(waiter);
         hung.set_partitioned(false);
     }
+}
+
+/// A waiter whose watch is on a member that hangs hears of its predecessor's resign within
+/// about 2 s of the hang: the watch's member is asked a read every second, and the watch moves
+/// once one goes unanswered for a second. Before, only the endpoint checks moved it, once one
+/// had waited 2 s for the member: 2 to 4 s after the hang. Four elections on the same URL
+/// (each process checks on its own phase); the hang starts, each leader resigns 0.5 s later,
+/// and every waiter's command must run within 3 s of the hang.
+#[test]
+fn a_waiter_on_a_hung_member_hears_a_resign_soon() {
+    let dir = scratch("waiter-hang");
+    let live = etcd_api();
+    let hung = Proxy::start(live.clone());
+    let url = format!("etcd://127.0.0.1:{},{live}/baton-cli-test", hung.port);
+    let names = [("a0", "w0"), ("a1", "w1"), ("a2", "w2"), ("a3", "w3")];
+    let mut pairs = Vec::new();
+    for (n, (first, second)) in names.into_iter().enumerate() {
+        let election = unique(&format!("waiter-hang-{n}"));
+        let leader = Runner::start(&url, &election, "3s", &dir, first);
+        leader.wait_running(Duration::from_secs(10));
+        let waiter = Runner::start(&url, &election, "3s", &dir, second);
+        wait_queued_at(&url_of(&live), &election, 2);
+        pairs.push((leader, waiter, second));
+    }
+    // The waiters' watches are open (their entries are queued, and a watch follows the read).
+    std::thread::sleep(Duration::from_millis(500));
+    hung.set_partitioned(true);
+    let hang = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    for (leader, _, _) in &pairs {
+        signal(leader.child.id() as i32, libc::SIGTERM);
+    }
+    for (_, waiter, name) in &pairs {
+        wait_for(
+            &format!("{name} running within 3 s of the hang"),
+            Duration::from_secs(3).saturating_sub(hang.elapsed()),
+            || waiter.token(),
+        );
+    }
+    hung.set_partitioned(false);
 }
 
 /// The tests' URL for the etcd API at `endpoint`.

@@ -185,6 +185,21 @@ where
     timed(limit, operation, call).await
 }
 
+/// [`hedged`] for one transaction (one that does nothing more when applied twice).
+async fn hedged_txn(
+    client: &Client,
+    limit: Duration,
+    stats: &Stats,
+    operation: &'static str,
+    txn: client::Txn,
+) -> Result<client::TxnResponse> {
+    hedged(client, limit, stats, operation, |mut client| {
+        let txn = txn.clone();
+        async move { client.txn(txn).await }
+    })
+    .await
+}
+
 /// Runs one request under `limit`, mapping its failure and its timeout to [`Error`].
 async fn timed<T>(
     limit: Duration,

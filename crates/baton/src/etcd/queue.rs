@@ -9,7 +9,7 @@ use baton_core::ElectionConfig;
 
 use super::fence::EtcdFencer;
 use super::watch_hub::{DeletionWatch, QueueCheck};
-use super::{hedged, request, EtcdBackend, EtcdLease, DELETE_TIMEOUT};
+use super::{hedged, hedged_txn, request, EtcdBackend, EtcdLease, DELETE_TIMEOUT, REQUEST_TIMEOUT};
 use crate::driver::{
     EntryWatch, Fired, Located, Position, Queue, QueueLease, ReadPoint, TokenMemory,
 };
@@ -184,8 +184,16 @@ impl Queue for EtcdBackend {
                 own_position,
             )])
             .and_then([TxnOp::get(entrant.scope.clone(), Some(options))]);
-        let mut client = self.client.clone();
-        let response = request(&self.stats, "find predecessor", client.txn(txn)).await?;
+        // A read (safe twice): hedged, as a candidate's watch that just moved off a hung member
+        // looks again through the balanced channel, which may still send it there.
+        let response = hedged_txn(
+            &self.client,
+            REQUEST_TIMEOUT,
+            &self.stats,
+            "find predecessor",
+            txn,
+        )
+        .await?;
         if !response.succeeded() {
             return Ok(Located::Gone);
         }
@@ -198,8 +206,17 @@ impl Queue for EtcdBackend {
     }
 
     async fn confirm(&self, entry: &Vec<u8>, own: Position) -> Result<Option<ReadPoint>> {
-        let mut client = self.client.clone();
-        let response = request(&self.stats, "get own key", client.get(entry.clone(), None)).await?;
+        let response = hedged(
+            &self.client,
+            REQUEST_TIMEOUT,
+            &self.stats,
+            "get own key",
+            |mut client| {
+                let entry = entry.clone();
+                async move { client.get(entry, None).await }
+            },
+        )
+        .await?;
         let at = read_point(response.header());
         let exists = response
             .kvs()
@@ -374,15 +391,12 @@ impl EtcdBackend {
             .and_then([TxnOp::delete(key.to_vec(), None), TxnOp::txn(id_entry)]);
         // Sent again elsewhere if its member hangs: a lost resign leaves the successor
         // waiting out the TTL, and the guard makes a second delete do nothing.
-        hedged(
+        hedged_txn(
             &self.client,
             DELETE_TIMEOUT,
             &self.stats,
             "delete candidate key",
-            |mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            },
+            txn,
         )
         .await?;
         Ok(())

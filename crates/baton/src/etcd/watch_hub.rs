@@ -9,15 +9,20 @@
 //! answering its checks the stream is given up and every watch on it fires
 //! [`Fired::Broken`] (its candidate looks again and watches anew, on another endpoint): a
 //! member that hangs would otherwise keep a waiting candidate deaf to the deletion it waits
-//! for.
+//! for. The checks find a hung member only once one has waited 2 s for it (up to 4 s after the
+//! hang), so the hub also asks the stream's member a count-only read every [`PROBE`] and gives
+//! the stream up when one goes unanswered for [`PROBE`]: a waiter hears of a handoff at most
+//! about 2 s after its member hung. Opening the stream is bounded the same way.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use super::client::{
-    Client, EventType, Pin, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
-    WatchResponseStream,
+    Client, EventType, GetOptions, Pin, WatchFilterType, WatchOptions, WatchRequestSender,
+    WatchResponse, WatchResponseStream,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -26,6 +31,10 @@ use crate::stats::Stats;
 
 /// Bound on queued registrations and cancellations: one or two per candidate at a time.
 const QUEUE: usize = 1024;
+
+/// With several endpoints: how often the stream's member is asked whether it still answers,
+/// how long it has to answer, and the bound on opening the stream there.
+const PROBE: Duration = Duration::from_secs(1);
 
 /// Why a deletion watch fired: the entry is the key.
 pub(crate) type Fired = crate::driver::Fired<Vec<u8>>;
@@ -135,6 +144,8 @@ async fn run(client: Client, stats: Arc<Stats>, mut requests: mpsc::Receiver<Req
         stream: None,
         endpoint: None,
         avoid: None,
+        member: None,
+        probe: None,
         watches: HashMap::new(),
     };
     loop {
@@ -144,6 +155,10 @@ async fn run(client: Client, stats: Arc<Stats>, mut requests: mpsc::Receiver<Req
                 None => return,
             },
             _ = hub.client.left(hub.endpoint), if hub.stream.is_some() => hub.break_all(),
+            () = unanswered(&mut hub.probe) => {
+                crate::metrics::backend_error("watch");
+                hub.break_all();
+            }
             message = next_message(&mut hub.stream) => match message {
                 Ok(Some(response)) => hub.handle_response(response).await,
                 Ok(None) => hub.break_all(),
@@ -153,6 +168,7 @@ async fn run(client: Client, stats: Arc<Stats>, mut requests: mpsc::Receiver<Req
                 }
             },
         }
+        hub.tend_probe();
     }
 }
 
@@ -165,6 +181,50 @@ async fn next_message(
     }
 }
 
+/// Resolves once the probe of the stream's member went unanswered; never without a probe.
+async fn unanswered(probe: &mut Option<Probe>) {
+    match probe.as_mut() {
+        // A probe that ended without a word (it cannot, but for a panic) counts as unanswered.
+        Some(probe) => {
+            let _ = (&mut probe.unanswered).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// The task that asks the stream's member a read every [`PROBE`]; it ends with this value.
+struct Probe {
+    task: tokio::task::JoinHandle<()>,
+    unanswered: oneshot::Receiver<()>,
+}
+
+impl Probe {
+    fn start(mut client: Client, stats: Arc<Stats>) -> Probe {
+        let (tell, unanswered) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut every = tokio::time::interval(PROBE);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                stats.request();
+                let ask = client.get(b"\0".to_vec(), Some(GetOptions::new().with_count_only()));
+                if !matches!(tokio::time::timeout(PROBE, ask).await, Ok(Ok(_))) {
+                    let _ = tell.send(());
+                    return;
+                }
+            }
+        });
+        Probe { task, unanswered }
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 struct Hub {
     client: Client,
     stats: Arc<Stats>,
@@ -173,6 +233,10 @@ struct Hub {
     endpoint: Option<Pin>,
     /// The endpoint of the last stream given up: the next one goes elsewhere.
     avoid: Option<usize>,
+    /// With several endpoints, a client of the stream's member only.
+    member: Option<Client>,
+    /// Its probe, while some watch is registered.
+    probe: Option<Probe>,
     /// Each watch's channel, and whether it asked for the queue check.
     watches: HashMap<i64, (oneshot::Sender<Fired>, bool)>,
 }
@@ -232,10 +296,17 @@ impl Hub {
             .client
             .pinned_elsewhere(self.avoid, crate::etcd::ELSEWHERE_WAIT)
             .await;
+        // With one endpoint there is nowhere else to go: the request timeout. With several,
+        // a member that hangs just now must not hold every registration for that long.
+        let limit = match endpoint {
+            Some(_) => PROBE,
+            None => crate::etcd::REQUEST_TIMEOUT,
+        };
         let open = client.watch(key, Some(options));
-        match tokio::time::timeout(crate::etcd::REQUEST_TIMEOUT, open).await {
+        match tokio::time::timeout(limit, open).await {
             Ok(Ok(stream)) => {
                 self.stream = Some(stream.split());
+                self.member = endpoint.map(|_| client);
                 self.endpoint = endpoint;
                 true
             }
@@ -294,8 +365,23 @@ impl Hub {
         }
     }
 
+    /// Probes the stream's member exactly while some watch waits on it (an idle stream costs
+    /// no requests).
+    fn tend_probe(&mut self) {
+        let wanted = self.stream.is_some() && !self.watches.is_empty();
+        match (&self.member, wanted) {
+            (Some(member), true) if self.probe.is_none() => {
+                self.probe = Some(Probe::start(member.clone(), self.stats.clone()));
+            }
+            (_, false) => self.probe = None,
+            _ => {}
+        }
+    }
+
     /// The stream is gone: every watch on it is broken.
     fn break_all(&mut self) {
+        self.probe = None;
+        self.member = None;
         if self.stream.take().is_some() {
             self.avoid = self.endpoint.take().map(|pin| pin.index);
         }
