@@ -149,7 +149,7 @@ fn main() -> ExitCode {
         }
         guard::launch(&command);
     }
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(join_negative_values(std::env::args_os().collect())) {
         Ok(cli) => cli,
         Err(error) => {
             use clap::error::ErrorKind;
@@ -512,9 +512,99 @@ where
     }
 }
 
+/// `--ttl -1s` reads to clap as `--ttl` without its value followed by an unknown flag `-1s`
+/// ("unexpected argument '-1'", which says nothing of the TTL). A value that starts with `-`
+/// and a digit is joined to the long option before it (`--ttl=-1s`), so that the option's own
+/// parser meets it and says what is wrong with it. No option of baton's is `-` and a digit, and
+/// nothing after `--` (the command) or under an internal subcommand (whose arguments are a
+/// command's) is touched.
+fn join_negative_values(args: Vec<OsString>) -> Vec<OsString> {
+    let internal = args
+        .get(1)
+        .and_then(|first| first.to_str())
+        .is_some_and(|first| first.starts_with("__"));
+    if internal {
+        return args;
+    }
+    let mut joined: Vec<OsString> = Vec::with_capacity(args.len());
+    let mut rest = args.into_iter();
+    for arg in rest.by_ref() {
+        if arg == "--" {
+            joined.push(arg);
+            break;
+        }
+        let negative = arg.to_str().is_some_and(|value| {
+            let mut chars = value.chars();
+            chars.next() == Some('-') && chars.next().is_some_and(|c| c.is_ascii_digit())
+        });
+        let option = joined
+            .last()
+            .and_then(|last| last.to_str())
+            .filter(|last| last.len() > 2 && last.starts_with("--") && !last.contains('='));
+        match (negative, option) {
+            (true, Some(option)) => {
+                let mut value = OsString::from(format!("{option}="));
+                value.push(&arg);
+                *joined.last_mut().expect("an option is there") = value;
+            }
+            _ => joined.push(arg),
+        }
+    }
+    joined.extend(rest);
+    joined
+}
+
 #[cfg(test)]
 mod tests {
-    use super::printable;
+    use super::{join_negative_values, printable};
+    use std::ffi::OsString;
+
+    fn join(line: &str) -> Vec<String> {
+        let args: Vec<OsString> = line.split(' ').map(OsString::from).collect();
+        join_negative_values(args)
+            .into_iter()
+            .map(|arg| arg.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_negative_value_is_joined_to_its_option_and_nothing_else_is() {
+        assert_eq!(
+            join("baton run --ttl -1s --grace -2 -- sh --ttl -1s"),
+            [
+                "baton",
+                "run",
+                "--ttl=-1s",
+                "--grace=-2",
+                "--",
+                "sh",
+                "--ttl",
+                "-1s"
+            ]
+        );
+        // Flags and values as they were: an option's value, a flag before another option,
+        // `--` itself, a short option, an option already given with `=`.
+        assert_eq!(
+            join("baton run --grace --ttl 2s -v -1 --ttl=-1s -5 -- -1"),
+            [
+                "baton",
+                "run",
+                "--grace",
+                "--ttl",
+                "2s",
+                "-v",
+                "-1",
+                "--ttl=-1s",
+                "-5",
+                "--",
+                "-1"
+            ]
+        );
+        assert_eq!(
+            join("baton __guard -- sh --ttl -1"),
+            ["baton", "__guard", "--", "sh", "--ttl", "-1"]
+        );
+    }
 
     #[test]
     fn printable_keeps_one_line_and_escapes_control_characters() {

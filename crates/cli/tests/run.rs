@@ -299,6 +299,7 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         "run --backend URL --election e",
         "run --backend URL --election a/b -- true",
         "run --backend URL --election e --grace soon -- true",
+        "run --backend URL --election e --ttl -1s -- true",
         "run --backend URL --election e --max-drift-ppm 600000 -- true",
         "leader --backend etcd://127.0.0.1 --election e",
         "observe --election e",
@@ -369,6 +370,13 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.starts_with("baton: error: "), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        // A negative duration is the option's bad value, not an unknown flag.
+        if case.contains("--ttl -1s") {
+            assert!(
+                stderr.contains("invalid value '-1s' for '--ttl"),
+                "{stderr}"
+            );
+        }
     }
 }
 
