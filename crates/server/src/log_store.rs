@@ -103,6 +103,30 @@ impl Growth {
         self.purged.notify_waiters();
     }
 
+    /// A log of `bytes` bounded at `limit`, for tests of what waits on it.
+    #[cfg(test)]
+    pub(crate) fn for_test(bytes: u64, limit: u64) -> Arc<Growth> {
+        Arc::new(Growth {
+            bytes: AtomicU64::new(bytes),
+            limit: AtomicU64::new(limit),
+            past: tokio::sync::Notify::new(),
+            purges: AtomicU64::new(0),
+            purged: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// A purge of `bytes`, for tests.
+    #[cfg(test)]
+    pub(crate) fn purge_for_test(&self, bytes: u64) {
+        self.count_purge(bytes);
+    }
+
+    /// An append's signal that the log is past its bound, for tests.
+    #[cfg(test)]
+    pub(crate) fn signal_past_for_test(&self) {
+        self.past.notify_one();
+    }
+
     /// How many purges have shrunk the log so far.
     pub fn purges(&self) -> u64 {
         self.purges.load(Ordering::Relaxed)
@@ -662,13 +686,7 @@ mod tests {
     use std::time::Duration;
 
     fn growth(bytes: u64, limit: u64) -> Arc<Growth> {
-        Arc::new(Growth {
-            bytes: AtomicU64::new(bytes),
-            limit: AtomicU64::new(limit),
-            past: tokio::sync::Notify::new(),
-            purges: AtomicU64::new(0),
-            purged: tokio::sync::Notify::new(),
-        })
+        Growth::for_test(bytes, limit)
     }
 
     #[tokio::test(start_paused = true)]

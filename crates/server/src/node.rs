@@ -139,12 +139,15 @@ const MAX_PROPOSAL_COMMANDS: usize = 512;
 const SNAPSHOT_WAIT: Duration = Duration::from_secs(1);
 
 /// Group commit: writes one log entry at a time, each carrying every command that arrived
-/// while the previous one was being written (up to [`MAX_PROPOSAL_COMMANDS`]). One client
-/// alone waits for one fsync, as before; 64 clients share theirs.
+/// while the previous one was being written (up to [`MAX_PROPOSAL_COMMANDS`], and no more than
+/// the log's byte bound but for the last command). One client alone waits for one fsync, as
+/// before; 64 clients share theirs.
 ///
 /// Backpressure: while the unpurged log (held in memory too) is past twice its bound, because
-/// writes outran the snapshot being built, the next entry waits for a purge. A flood of big
-/// values then costs at most that much memory, however fast it comes.
+/// writes outran the snapshot being built, the next entry waits for a purge. However fast big
+/// values come, the log then holds at most about three times its bound (the entry appended
+/// last may take it from twice to three times); what waits meanwhile is the clients' requests
+/// themselves (at most [`MAX_QUEUED_PROPOSALS`] queued, the rest waiting in their handlers).
 async fn run_proposer(
     raft: Raft<TypeConfig>,
     mut pending: mpsc::Receiver<Pending>,
@@ -157,10 +160,17 @@ async fn run_proposer(
                 break;
             }
         }
+        // An entry holds up to the log's bound in commands (one command alone may be more):
+        // big values written at once would otherwise make one entry of any size.
+        let budget = growth.limit();
+        let mut bytes = command_bytes(&first.0);
         let mut batch = vec![first];
-        while batch.len() < MAX_PROPOSAL_COMMANDS {
+        while batch.len() < MAX_PROPOSAL_COMMANDS && bytes < budget {
             match pending.try_recv() {
-                Ok(next) => batch.push(next),
+                Ok(next) => {
+                    bytes = bytes.saturating_add(command_bytes(&next.0));
+                    batch.push(next);
+                }
                 Err(_) => break,
             }
         }
@@ -189,6 +199,11 @@ async fn run_proposer(
             }
         }
     }
+}
+
+/// A command's size in the log (as encoded there).
+fn command_bytes(command: &Command) -> u64 {
+    bincode::serialized_size(command).unwrap_or(u64::MAX)
 }
 
 impl Node {
@@ -543,18 +558,110 @@ fn spawn_term_watch(node: Arc<Node>) -> JoinHandle<()> {
 /// the log past its bound, so that a few big values written over and over cannot fill memory
 /// long before `snapshot_every` entries. Aborted with the server's other tasks.
 async fn snapshot_when_the_log_grows(raft: Raft<TypeConfig>, growth: Arc<log_store::Growth>) {
+    keep_the_log_small(&growth, || {
+        let raft = raft.clone();
+        async move { raft.trigger().snapshot().await.is_ok() }
+    })
+    .await
+}
+
+/// The snapshot task's loop: `snapshot` asks for one (false: the Raft node has stopped).
+///
+/// A log still past its bound after a snapshot is snapshotted again without waiting for another
+/// append. The entry that crossed the bound may not have been in that snapshot (it is built
+/// from what is applied when it is asked for, and the entry may not have been applied yet), and
+/// an entry that alone is past twice the bound (big values written at once share an entry)
+/// keeps the proposer from appending anything more: waiting for an append would wait for good,
+/// with every write (resigns and lease expiries too) held back. Asked again as soon as the last
+/// one's purge lands, else after [`SNAPSHOT_WAIT`] (a log that cannot shrink, say while its
+/// entries wait for a quorum, is asked for a snapshot once a second, not in a loop).
+async fn keep_the_log_small<F, Asked>(growth: &log_store::Growth, mut snapshot: F)
+where
+    F: FnMut() -> Asked,
+    Asked: std::future::Future<Output = bool>,
+{
     loop {
-        growth.past_limit().await;
         if growth.bytes() <= growth.limit() {
-            continue;
+            growth.past_limit().await;
+            if growth.bytes() <= growth.limit() {
+                continue;
+            }
         }
         let seen = growth.purges();
-        if raft.trigger().snapshot().await.is_err() {
+        if !snapshot().await {
             return;
         }
         // A snapshot is built in the background and then purges the log. Ask again only after
-        // that (a trigger while one is being built is dropped), at once if appends during the
-        // build left the log past its bound again; at most a second for one that never comes.
+        // that (a trigger while one is being built is dropped); at most a second for one that
+        // never comes.
         growth.purged_after(seen, SNAPSHOT_WAIT).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A snapshot that stops short of the entry that crossed the bound leaves the log past it:
+    /// the next one is asked for at once, with no append to signal it (the wedge: the proposer
+    /// appended nothing more, and the task waited for an append).
+    #[tokio::test(start_paused = true)]
+    async fn a_log_still_past_its_bound_after_a_snapshot_gets_another() {
+        let growth = log_store::Growth::for_test(3_000, 1_000);
+        let asked = Arc::new(AtomicU32::new(0));
+        let task = {
+            let (growth, asked) = (growth.clone(), asked.clone());
+            tokio::spawn(async move {
+                keep_the_log_small(&growth.clone(), || {
+                    let (growth, asked) = (growth.clone(), asked.clone());
+                    async move {
+                        // The first snapshot purges what was applied, not the big entry; the
+                        // second, the big entry too.
+                        match asked.fetch_add(1, Ordering::SeqCst) {
+                            0 => growth.purge_for_test(500),
+                            _ => growth.purge_for_test(growth.bytes()),
+                        }
+                        true
+                    }
+                })
+                .await
+            })
+        };
+        growth.signal_past_for_test();
+        let started = tokio::time::Instant::now();
+        while growth.bytes() > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert!(
+                started.elapsed() < Duration::from_millis(10),
+                "asked {asked:?}"
+            );
+        }
+        assert_eq!(asked.load(Ordering::SeqCst), 2);
+        // Small again: no more snapshots until an append crosses the bound.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(asked.load(Ordering::SeqCst), 2);
+        task.abort();
+    }
+
+    /// A log that cannot shrink (no purge comes) is asked for a snapshot once a second.
+    #[tokio::test(start_paused = true)]
+    async fn a_log_that_cannot_shrink_is_not_snapshotted_in_a_loop() {
+        let growth = log_store::Growth::for_test(3_000, 1_000);
+        let asked = Arc::new(AtomicU32::new(0));
+        let task = {
+            let (growth, asked) = (growth.clone(), asked.clone());
+            tokio::spawn(async move {
+                keep_the_log_small(&growth, || {
+                    asked.fetch_add(1, Ordering::SeqCst);
+                    async { true }
+                })
+                .await
+            })
+        };
+        growth.signal_past_for_test();
+        tokio::time::sleep(Duration::from_millis(4_500)).await;
+        assert_eq!(asked.load(Ordering::SeqCst), 5);
+        task.abort();
     }
 }
