@@ -443,6 +443,13 @@ impl GetOptions {
         self
     }
 
+    /// Answered from the member's own store, without asking the Raft leader (a member that
+    /// hangs still cannot answer; one in a leader election still can).
+    pub(crate) fn with_serializable(mut self) -> GetOptions {
+        self.request.serializable = true;
+        self
+    }
+
     /// Only keys created at or before `revision`.
     pub(crate) fn with_max_create_revision(mut self, revision: i64) -> GetOptions {
         self.request.max_create_revision = revision;

@@ -10,9 +10,11 @@
 //! [`Fired::Broken`] (its candidate looks again and watches anew, on another endpoint): a
 //! member that hangs would otherwise keep a waiting candidate deaf to the deletion it waits
 //! for. The checks find a hung member only once one has waited 2 s for it (up to 4 s after the
-//! hang), so the hub also asks the stream's member a count-only read every [`PROBE`] and gives
-//! the stream up when one goes unanswered for [`PROBE`]: a waiter hears of a handoff at most
-//! about 2 s after its member hung. Opening the stream is bounded the same way.
+//! hang), so the hub also asks the stream's member a count-only read every [`PROBE`]
+//! (serializable: answered from the member's own store, so a leader election elsewhere does not
+//! count against it) and gives the stream up when one goes unanswered for [`PROBE`]: a waiter
+//! hears of a handoff about 2-3 s after its member hung (the probe's 1-2 s, then a look at the
+//! queue and a new watch on another member). Opening the stream is bounded the same way.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -208,7 +210,11 @@ impl Probe {
             loop {
                 every.tick().await;
                 stats.request();
-                let ask = client.get(b"\0".to_vec(), Some(GetOptions::new().with_count_only()));
+                // Serializable: the member answers from its own store. A linearizable read
+                // would wait for the Raft leader, and an etcd leader election (1-2 s) would
+                // then break every stream of every candidate at once.
+                let options = GetOptions::new().with_count_only().with_serializable();
+                let ask = client.get(b"\0".to_vec(), Some(options));
                 if !matches!(tokio::time::timeout(PROBE, ask).await, Ok(Ok(_))) {
                     let _ = tell.send(());
                     return;
