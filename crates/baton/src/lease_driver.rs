@@ -249,7 +249,7 @@ impl Outputs {
     /// Tells holders the lease is over from this moment on.
     fn over(&self) {
         self.view.send_replace(LeaseView::Over);
-        self.record.deadlines.publish(Duration::ZERO);
+        self.record.deadlines.over();
     }
 
     /// Publishes the deadline if it moved.

@@ -7,7 +7,7 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `baton_is_leader` | gauge | `election` | 1 while this process leads the election, else 0 |
+//! | `baton_is_leader` | gauge | `election` | 1 while this process leads the election (0 from the moment its lease is over), else 0 |
 //! | `baton_leadership_transitions_total` | counter | `election` | times this process became leader |
 //! | `baton_losses_total` | counter | `election`, `reason` | leaderships, or campaigns, that ended other than by resigning |
 //! | `baton_renewal_latency_seconds` | histogram | — | per lease: from sending a renewal to its acknowledgement |
@@ -27,7 +27,7 @@
 //! operations are fixed strings.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -108,15 +108,28 @@ pub(crate) fn campaigning(election: &str) {
     ::metrics::gauge!(IS_LEADER, "election" => election.to_string()).increment(0.0);
 }
 
-/// The time-left gauges of the terms held under one lease: the lease driver sets them all
-/// whenever the deadline moves.
+/// The time-left gauges of the terms held under one lease, and their `baton_is_leader`: the
+/// lease driver sets the time left whenever the deadline moves, and ends every term's
+/// `baton_is_leader` the moment the lease is over. The candidate driver ends a term only once it
+/// gets round to it, and it may be waiting for a request to an unreachable backend then (a
+/// leader whose lease ran out went on counting as one until its process exited).
 #[derive(Debug, Default)]
 pub(crate) struct DeadlineGauges {
-    /// Each term's election and gauge, by registration.
-    gauges: Mutex<BTreeMap<u64, (String, ::metrics::Gauge)>>,
+    /// Each term's election, time-left gauge and, while the term counts as leading, its
+    /// `baton_is_leader` (moved back down when the lease ends or the term does).
+    gauges: Mutex<BTreeMap<u64, Registered>>,
     next: AtomicU64,
     /// The time left as of the last publication, in nanoseconds, for gauges registered later.
     remaining_nanos: AtomicU64,
+    /// The lease is over: a term registered now does not count as leading.
+    over: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Registered {
+    election: String,
+    time_left: ::metrics::Gauge,
+    is_leader: Option<::metrics::Gauge>,
 }
 
 impl DeadlineGauges {
@@ -125,44 +138,72 @@ impl DeadlineGauges {
         let nanos = u64::try_from(remaining.as_nanos()).unwrap_or(u64::MAX);
         self.remaining_nanos.store(nanos, Ordering::Relaxed);
         let gauges = self.gauges.lock().unwrap_or_else(|e| e.into_inner());
-        for (_, gauge) in gauges.values() {
-            gauge.set(remaining.as_secs_f64());
+        for term in gauges.values() {
+            term.time_left.set(remaining.as_secs_f64());
         }
     }
 
-    fn register(&self, election: &str) -> u64 {
-        let gauge = ::metrics::gauge!(DEADLINE_REMAINING, "election" => election.to_string());
+    /// The lease is over: no time left, and no term under it leads any more.
+    pub(crate) fn over(&self) {
+        self.over.store(true, Ordering::Relaxed);
+        self.publish(Duration::ZERO);
+        let mut gauges = self.gauges.lock().unwrap_or_else(|e| e.into_inner());
+        for term in gauges.values_mut() {
+            if let Some(is_leader) = term.is_leader.take() {
+                is_leader.decrement(1.0);
+            }
+        }
+    }
+
+    /// A term of `election` begins: `is_leader` has been moved up for it.
+    fn register(&self, election: &str, is_leader: ::metrics::Gauge) -> u64 {
+        let time_left = ::metrics::gauge!(DEADLINE_REMAINING, "election" => election.to_string());
         let nanos = self.remaining_nanos.load(Ordering::Relaxed);
-        gauge.set(Duration::from_nanos(nanos).as_secs_f64());
+        time_left.set(Duration::from_nanos(nanos).as_secs_f64());
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let mut gauges = self.gauges.lock().unwrap_or_else(|e| e.into_inner());
-        gauges.insert(id, (election.to_string(), gauge));
+        let is_leader = if self.over.load(Ordering::Relaxed) {
+            is_leader.decrement(1.0);
+            None
+        } else {
+            Some(is_leader)
+        };
+        gauges.insert(
+            id,
+            Registered {
+                election: election.to_string(),
+                time_left,
+                is_leader,
+            },
+        );
         id
     }
 
     fn unregister(&self, id: u64) {
         let mut gauges = self.gauges.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((election, gauge)) = gauges.remove(&id) else {
+        let Some(term) = gauges.remove(&id) else {
             return;
         };
+        if let Some(is_leader) = term.is_leader {
+            is_leader.decrement(1.0);
+        }
         // Another term of the same election (a second candidacy in this process, elected
         // while this one was ending) owns the series now.
-        if !gauges.values().any(|(other, _)| *other == election) {
-            gauge.set(0.0);
+        if !gauges.values().any(|other| other.election == term.election) {
+            term.time_left.set(0.0);
         }
     }
 }
 
 /// The metrics of one term of office, from election until it ends: counts the transition,
-/// holds `baton_is_leader` up and keeps the time-left gauge current. Dropping it ends the
-/// term's metrics, whatever ended the term.
+/// holds `baton_is_leader` up (until the term ends or its lease does) and keeps the time-left
+/// gauge current. Dropping it ends the term's metrics, whatever ended the term.
 ///
 /// `baton_is_leader` is moved by +1 and −1 rather than set, so that two candidacies of one
 /// election in the same process (one resigning while the other is elected) cannot leave it
 /// wrong whichever driver runs first.
 #[derive(Debug)]
 pub(crate) struct Term {
-    is_leader: ::metrics::Gauge,
     deadline: Arc<DeadlineGauges>,
     deadline_id: u64,
 }
@@ -175,9 +216,8 @@ impl Term {
             .increment(1);
         let is_leader = ::metrics::gauge!(IS_LEADER, "election" => election.to_string());
         is_leader.increment(1.0);
-        let deadline_id = deadline.register(election);
+        let deadline_id = deadline.register(election, is_leader);
         Term {
-            is_leader,
             deadline: deadline.clone(),
             deadline_id,
         }
@@ -186,7 +226,6 @@ impl Term {
 
 impl Drop for Term {
     fn drop(&mut self) {
-        self.is_leader.decrement(1.0);
         self.deadline.unregister(self.deadline_id);
     }
 }

@@ -241,6 +241,50 @@ fn healthz_turns_503_while_renewals_stall_before_the_lease_runs_out_and_200_afte
     );
 }
 
+/// `baton_is_leader` goes to 0 when the lease is over, not when the process gets round to
+/// ending the term: a leader cut off from its backend counted as one until its candidacy's
+/// request to the unreachable backend gave up (6.5 s after its command was stopped, on
+/// ZooKeeper), so an alert on `sum(baton_is_leader) > 1` fired for a leader already stopped.
+#[test]
+fn is_leader_drops_as_the_lease_runs_out_while_the_backend_is_away() {
+    let dir = scratch("metrics-over");
+    let election = unique("metrics-over");
+    let proxy = Proxy::start(server());
+    let through_proxy = url_at(&format!("127.0.0.1:{}", proxy.port));
+    // --requeue: the process outlives the term, campaigning again, so its metrics can be read.
+    let flags = ["--ttl", "2s", "--metrics", "127.0.0.1:0", "--requeue"];
+    let mut a = Runner::start_with(&through_proxy, &election, &flags, &dir, "a");
+    a.wait_running(Duration::from_secs(5));
+    let pid = a.child_pid().unwrap();
+    let address = metrics_address(&a);
+    let this = [("election", election.as_str())];
+    wait_series(address, "baton_is_leader", &this, 1.0);
+
+    proxy.set_partitioned(true);
+    wait_for(
+        "the command stopped at the deadline",
+        Duration::from_secs(5),
+        || (!alive(pid)).then_some(()),
+    );
+    let stopped_at = Instant::now();
+    wait_for("baton_is_leader 0", Duration::from_secs(5), || {
+        let (_, exposition) = get(address, "/metrics");
+        (series(&exposition, "baton_is_leader", &this) == Some(0.0)).then_some(())
+    });
+    let lag = stopped_at.elapsed();
+    assert!(
+        lag < Duration::from_millis(500),
+        "0 only {lag:?} after the command stopped"
+    );
+    assert!(a.child.try_wait().unwrap().is_none(), "baton run exited");
+    let (_, exposition) = get(address, "/metrics");
+    assert_eq!(
+        series(&exposition, "baton_deadline_remaining_seconds", &this),
+        Some(0.0)
+    );
+    proxy.set_partitioned(false);
+}
+
 #[test]
 fn requests_other_than_the_three_endpoints_are_refused_without_harm() {
     let dir = scratch("metrics-requests");
