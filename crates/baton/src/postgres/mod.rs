@@ -656,6 +656,37 @@ pub async fn fence(
     }
 }
 
+/// Refuses a session that acknowledges commits before they are durable: with
+/// `synchronous_commit = off` a crash of PostgreSQL alone (no host crash needed) loses the last
+/// commits it acknowledged, renewals and elections among them: a lease comes back shorter than
+/// its holder counts on (two commands at once), and an election's epoch comes back lower (a
+/// token handed out twice). Set per role, it is fixed per role. `fsync = off` loses them only
+/// when the host crashes: said as a warning.
+fn check_durability(label: &str, synchronous_commit: &str, fsync: &str) -> Result<()> {
+    if synchronous_commit == "off" {
+        return Err(Error::Backend {
+            backend: BACKEND,
+            operation: "connect",
+            detail: format!(
+                "{label} acknowledges commits before they are durable (synchronous_commit = \
+                 off): a crash could take back a renewal or an election it acknowledged, and \
+                 two candidates would lead at once; turn it on for baton's role (ALTER ROLE \
+                 ... SET synchronous_commit = on)"
+            ),
+            retryable: false,
+            source: None,
+        });
+    }
+    if fsync == "off" {
+        tracing::warn!(
+            server = %label,
+            "PostgreSQL runs with fsync = off: a crash of its host could take back renewals \
+             and elections it acknowledged, and two candidates would lead at once"
+        );
+    }
+    Ok(())
+}
+
 impl PgBackend {
     pub(crate) async fn connect(url: &str, schema: String) -> Result<PgBackend> {
         let (config, connector) = connect::configure(url, &|name| std::env::var(name).ok())?;
@@ -705,10 +736,12 @@ impl PgBackend {
         let mut client = self.pool.get().await?;
         // One look, by name (nothing parsed): is the name a reserved word (it would need
         // quoting everywhere), does the schema exist, do baton's tables?
+        // And how this session commits (see `check_durability`).
         let look = "SELECT EXISTS (SELECT 1 FROM pg_get_keywords() WHERE word = $1 \
                     AND catcode <> 'U'), EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1), \
                     EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = \
-                    c.relnamespace WHERE n.nspname = $1 AND c.relname = 'meta')";
+                    c.relnamespace WHERE n.nspname = $1 AND c.relname = 'meta'), \
+                    current_setting('synchronous_commit'), current_setting('fsync')";
         // The connect's first statement: a pooler in front of a PostgreSQL that does not answer
         // takes the connection, then holds the statement. No answer is an unreachable backend.
         let row = bounded(
@@ -734,6 +767,7 @@ impl PgBackend {
                 reason: "a word PostgreSQL reserves; choose another schema name".into(),
             });
         }
+        check_durability(&self.pool.target.label, row.get(3), row.get(4))?;
         if !row.get::<_, bool>(2) {
             let transaction = bounded(&self.stats, OP, client.transaction()).await?;
             bounded(
