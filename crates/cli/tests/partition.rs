@@ -331,6 +331,60 @@ fn a_hung_member_of_the_url_ends_no_term_and_deafens_no_waiter() {
     assert_eq!(unavailable, 1, "{:?}", lines());
 }
 
+/// `baton observe` whose backend stops answering (its connection hangs: a frozen server, a
+/// paused PgBouncer) says `unavailable` within a second or two, as the README promises, once
+/// (not once per look: on PostgreSQL it repeated the line 5 times a second, and a hung
+/// connection showed a stale leader for as long as the hang lasted), and the leader again once
+/// the backend answers. Every backend.
+#[test]
+fn observe_says_unavailable_soon_and_once_while_its_backend_hangs() {
+    let dir = scratch("observe-unavailable");
+    let election = unique("observe-unavailable");
+    let proxy = Proxy::start(server());
+    let leader = Runner::start(&url(), &election, "3s", &dir, "a");
+    leader.wait_running(Duration::from_secs(10));
+    let observed = dir.join("observe.out");
+    let _observer = observe(
+        &url_at(&format!("127.0.0.1:{}", proxy.port)),
+        &election,
+        &observed,
+    );
+    let lines = || observed_lines(&observed);
+    wait_for("observe shows a", Duration::from_secs(10), || {
+        lines()
+            .last()
+            .is_some_and(|line| line["leader"]["id"] == "a")
+            .then_some(())
+    });
+    proxy.set_partitioned(true);
+    let hung_at = Instant::now();
+    wait_for("an unavailable line", Duration::from_secs(10), || {
+        lines()
+            .iter()
+            .any(|line| line.get("unavailable").is_some())
+            .then_some(())
+    });
+    let said_after = hung_at.elapsed();
+    assert!(said_after < Duration::from_millis(2_500), "{said_after:?}");
+    std::thread::sleep(Duration::from_secs(3));
+    let unavailable = lines()
+        .iter()
+        .filter(|line| line.get("unavailable").is_some())
+        .count();
+    assert!(
+        unavailable <= 2,
+        "{unavailable} unavailable lines in 3 s: {:?}",
+        lines()
+    );
+    proxy.set_partitioned(false);
+    wait_for("observe shows a again", Duration::from_secs(10), || {
+        lines()
+            .last()
+            .is_some_and(|line| line["leader"]["id"] == "a")
+            .then_some(())
+    });
+}
+
 /// `baton observe` of `election` on `url`, writing to `out`.
 fn observe(url: &str, election: &str, out: &std::path::Path) -> Reaped {
     Reaped(

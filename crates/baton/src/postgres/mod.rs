@@ -86,6 +86,11 @@ const POLL_FAST: Duration = Duration::from_millis(250);
 /// Without notifications, the longest pause between looks at a watched entry.
 const POLL_SLOW: Duration = Duration::from_secs(5);
 
+/// How long an observer's look at the leader may take before the observer says the database
+/// cannot be seen (a hung connection, PgBouncer paused): the README's "not answering within a
+/// second".
+const OBSERVER_PATIENCE: Duration = Duration::from_secs(1);
+
 /// How often a waiter without notifications looks at an entry with `ahead` entries before it.
 fn poll_cadence(ahead: u32) -> Duration {
     POLL_FAST
@@ -1895,7 +1900,9 @@ impl Connection for PgBackend {
             let closing = self.leases.closing();
             tokio::spawn(async move {
                 let mut closing = std::pin::pin!(closing);
-                let mut last: Option<Option<LeaderInfo>> = None;
+                // What was said last: a leader (or none), or why the database cannot be seen.
+                // Said again only when it changes: an outage is one line, not one per look.
+                let mut last: Option<std::result::Result<Option<LeaderInfo>, String>> = None;
                 // A crashed leader's row stays until someone removes its expired session: look
                 // every second too (and say so when the database cannot be seen); without
                 // notifications, as often as a waiter looks at the leader.
@@ -1914,27 +1921,33 @@ impl Connection for PgBackend {
                         look = !listening || looked.elapsed() >= Duration::from_secs(1);
                     }
                     if look {
-                        let current = async {
-                            looked = tokio::time::Instant::now();
+                        looked = tokio::time::Instant::now();
+                        let current = tokio::time::timeout(OBSERVER_PATIENCE, async {
                             let client = backend.pool.get().await?;
                             // Best effort: a read-only role observes without removing.
                             let _ = backend.clean_up(&client).await;
                             backend.first(&client, &election).await
-                        }
-                        .await;
-                        let said = match current {
-                            Ok(leader) if last.as_ref() != Some(&leader) => {
-                                last = Some(leader.clone());
-                                Some(Observed::Leader(leader))
-                            }
-                            Ok(_) => None,
-                            Err(error) => {
-                                last = None;
-                                Some(Observed::Unavailable {
-                                    reason: error.to_string(),
-                                })
-                            }
+                        })
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(Error::Unreachable {
+                                backend: BACKEND,
+                                endpoints: backend.pool.target.label.clone(),
+                                detail: format!(
+                                    "no answer within {}",
+                                    crate::format_duration(OBSERVER_PATIENCE)
+                                ),
+                            })
+                        })
+                        .map_err(|error| error.to_string());
+                        let said = match &current {
+                            _ if last.as_ref() == Some(&current) => None,
+                            Ok(leader) => Some(Observed::Leader(leader.clone())),
+                            Err(reason) => Some(Observed::Unavailable {
+                                reason: reason.clone(),
+                            }),
                         };
+                        last = Some(current);
                         if let Some(said) = said {
                             if tx.send(said).await.is_err() {
                                 return;
