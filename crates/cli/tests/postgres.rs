@@ -174,6 +174,44 @@ fn terminated_connections_change_no_leader() {
     );
 }
 
+/// Connections terminated in quick succession, one of them the notification connection before
+/// its probe came back, do not switch notifications off: that connection closing was taken
+/// for a pooler that does not pass notifications, and the process polled for the rest of its
+/// life (with the warning that says so).
+#[test]
+fn connections_terminated_in_quick_succession_leave_notifications_on() {
+    let addr = postgres();
+    let dir = scratch("pg-terminate-fast");
+    let election = unique("terminate-fast");
+    let app = format!("baton-{election}");
+    let url = format!("{}&application_name={app}", url_at(&addr));
+    let leader = Runner::start(&url, &election, "3s", &dir, "l");
+    leader.wait_running(Duration::from_secs(5));
+    let waiter = Runner::start(&url, &election, "3s", &dir, "w");
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..60 {
+        sql(
+            &addr,
+            &format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = '{app}' AND pid <> pg_backend_pid()"
+            ),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The notification connections come back once the terminations stop.
+    std::thread::sleep(Duration::from_secs(2));
+    for (name, runner) in [("leader", &leader), ("waiter", &waiter)] {
+        assert!(
+            !runner.stderr().contains("notifications do not reach baton"),
+            "the {name} gave notifications up: {}",
+            runner.stderr()
+        );
+    }
+    signal(leader.child.id() as i32, libc::SIGTERM);
+    waiter.wait_running(Duration::from_secs(5));
+}
+
 /// PostgreSQL stopped while a leader holds: renewals fail, so the leader's command is killed
 /// at its local deadline (within the TTL) and its `baton run` says so; the waiter does not
 /// start meanwhile. Once the database is back, the election resumes with a larger token.

@@ -1000,10 +1000,26 @@ async fn subscribe(
         false
     })
     .await;
-    if arrived != Ok(true) {
-        // Leave nothing listening where we can (a pooler may run this elsewhere).
-        let _ = tokio::time::timeout(REQUEST_TIMEOUT, client.batch_execute("UNLISTEN *")).await;
-        return Ok(None);
+    match arrived {
+        Ok(true) => {}
+        // The connection closed before the probe could come back (terminated, say): that says
+        // nothing of whether notifications arrive. Another connection tries again; taking it
+        // for a pooler switched notifications off for good (an attack terminating baton's
+        // connections every 100 ms left every handoff polling, 217 ms instead of 6).
+        Ok(false) => {
+            return Err(Error::Backend {
+                backend: BACKEND,
+                operation: "listen",
+                detail: "the notification connection closed before its probe came back".into(),
+                retryable: true,
+                source: None,
+            })
+        }
+        Err(_) => {
+            // Leave nothing listening where we can (a pooler may run this elsewhere).
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, client.batch_execute("UNLISTEN *")).await;
+            return Ok(None);
+        }
     }
     hub.lock().unwrap_or_else(|e| e.into_inner()).listening = true;
     Ok(Some((client, notes)))
