@@ -27,7 +27,7 @@ mod watch;
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_core::{BackendLimits, ElectionConfig};
@@ -280,6 +280,12 @@ pub(crate) struct ZkBackend {
     /// entry at or below it means the ensemble's history went backwards (restored or wiped).
     tokens: TokenMemory,
     stats: Arc<Stats>,
+    /// On an ensemble of several voting members: its size and half its tick (estimated from
+    /// the shortest session, `minSessionTimeout`, by default two ticks). See
+    /// [`ZkBackend::margined`].
+    ensemble: Option<(usize, Duration)>,
+    /// The margins raised so far (said once each).
+    raised: Mutex<std::collections::HashSet<(Duration, Duration)>>,
 }
 
 impl std::fmt::Debug for ZkBackend {
@@ -316,6 +322,13 @@ impl ZkBackend {
             ttl_step: Duration::from_millis(1),
         };
         let stats = Arc::new(Stats::default());
+        // The ensemble's voting members, as the server knows them (3.5 and later; nothing to
+        // read, or a standalone server, leaves the margin as it is).
+        let members = match tokio::time::timeout(CONNECT_TIMEOUT, main.get_config()).await {
+            Ok(Ok((config, _))) => voting_members(&String::from_utf8_lossy(&config)),
+            _ => 0,
+        };
+        let ensemble = (members >= 2).then_some((members, min_ttl / 4));
         // The chroot must exist (a bad one fails here, in one line).
         request(&stats, "create the chroot", mkdir_or_exists(&main, &chroot)).await?;
         Ok(ZkBackend {
@@ -327,7 +340,61 @@ impl ZkBackend {
             leases: LeasePool::default(),
             tokens: TokenMemory::default(),
             stats,
+            ensemble,
+            raised: Mutex::default(),
         })
+    }
+
+    /// `config` with its safety margin raised, on an ensemble, to half a tick plus 0.15 × TTL
+    /// (the README's rule 1 limit): a follower reports its clients' activity to the leader only
+    /// at its own pings, every half tick, so if it loses the leader just after a renewal, the
+    /// leader may expire the session that much (plus the client's ping interval, 3/20 of the
+    /// TTL) before the client's deadline. An attack on a 3-member ensemble at the default
+    /// 100 ms margin had the old holder's command overlap its successor's by 124-200 ms in 5
+    /// of 5 rounds, and none at 600 ms. Said once per setting. A raised margin only stops a
+    /// holder whose renewals stall earlier; a margin that would leave the renewals too little
+    /// time is left alone, with a warning.
+    fn margined(&self, config: &ElectionConfig) -> ElectionConfig {
+        let Some((members, half_tick)) = self.ensemble else {
+            return config.clone();
+        };
+        let needed = ensemble_margin(half_tick, config.ttl);
+        if config.safety_margin >= needed {
+            return config.clone();
+        }
+        let mut raised = config.clone();
+        raised.safety_margin = needed;
+        let fits = raised.validate(&self.limits).is_ok();
+        let first = self
+            .raised
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((config.ttl, config.safety_margin));
+        if first && fits {
+            tracing::warn!(
+                "a ZooKeeper ensemble of {members} members: the safety margin is raised from {} to \
+                 {} for TTL {} (half a tick plus 0.15 x TTL: a follower that loses its leader \
+                 just after a renewal lets the session expire that much early)",
+                crate::format_duration(config.safety_margin),
+                crate::format_duration(needed),
+                crate::format_duration(config.ttl),
+            );
+        } else if first {
+            tracing::warn!(
+                "a ZooKeeper ensemble of {members} members: the safety margin {} is below {} for \
+                 TTL {} (half a tick plus 0.15 x TTL), and raising it would leave the renewals too \
+                 little time: a follower that loses its leader just after a renewal can let the \
+                 session expire before the holder stops; fence the work, or lengthen the TTL",
+                crate::format_duration(config.safety_margin),
+                crate::format_duration(needed),
+                crate::format_duration(config.ttl),
+            );
+        }
+        if fits {
+            raised
+        } else {
+            config.clone()
+        }
     }
 
     /// `<chroot>/<election>`.
@@ -349,6 +416,7 @@ impl ZkBackend {
 
     /// A live lease with these settings: a new session if the last one has ended.
     async fn lease(&self, config: &ElectionConfig) -> Result<Arc<ZkLease>> {
+        let config = &self.margined(config);
         self.leases
             .get(config, async {
                 let (granted_tx, granted) = tokio::sync::oneshot::channel();
@@ -772,6 +840,25 @@ fn encode(id: &str, value: Option<&str>) -> Vec<u8> {
     crate::election::entry_value(id, value).into_bytes()
 }
 
+/// The safety margin an ensemble needs at `ttl`: half a tick plus the client's ping interval
+/// (3/20 of the TTL).
+fn ensemble_margin(half_tick: Duration, ttl: Duration) -> Duration {
+    half_tick + ttl.mul_f64(0.15)
+}
+
+/// The voting members in the text of `/zookeeper/config` (`server.N=host:port:port[:role][;client]`
+/// lines; observers do not vote).
+fn voting_members(config: &str) -> usize {
+    config
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("server."))
+        .filter(|line| {
+            let spec = line.split(';').next().unwrap_or("");
+            !spec.split(':').any(|part| part == "observer")
+        })
+        .count()
+}
+
 /// The candidate an entry with this czxid and data describes.
 fn describe(czxid: i64, raw: &[u8]) -> LeaderInfo {
     LeaderInfo::from_entry(u64::try_from(czxid).unwrap_or(0), raw)
@@ -830,6 +917,33 @@ impl Connection for ZkBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ensemble_counts_its_voting_members_and_needs_the_margin_of_the_rule() {
+        let three = "server.1=127.0.0.1:24951:24952:participant;127.0.0.1:24950\n\
+                     server.2=127.0.0.1:24954:24955:participant;127.0.0.1:24953\n\
+                     server.3=127.0.0.1:24957:24958;127.0.0.1:24956\n\
+                     server.4=127.0.0.1:24960:24961:observer;127.0.0.1:24959\n\
+                     version=100000000";
+        assert_eq!(voting_members(three), 3);
+        assert_eq!(voting_members(""), 0);
+        assert_eq!(voting_members("version=0"), 0);
+        // tickTime 200 ms (half: 100 ms), TTL 3 s: the 550 ms the README's rule asks for.
+        let ms = Duration::from_millis;
+        assert_eq!(ensemble_margin(ms(100), ms(3_000)), ms(550));
+        // The stock tickTime of 2 s at TTL 10 s.
+        assert_eq!(ensemble_margin(ms(1_000), ms(10_000)), ms(2_500));
+        // At the shortest TTL (two ticks) the margin still leaves the renewals room.
+        let config = ElectionConfig::default().with_ttl(ms(400));
+        let mut raised = config.clone();
+        raised.safety_margin = ensemble_margin(ms(100), config.ttl);
+        let limits = BackendLimits {
+            min_ttl: ms(400),
+            max_ttl: ms(60_000),
+            ttl_step: ms(1),
+        };
+        assert_eq!(raised.validate(&limits), Ok(()));
+    }
 
     #[test]
     fn node_names_are_valid_and_distinct() {
