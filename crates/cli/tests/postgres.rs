@@ -212,6 +212,46 @@ fn connections_terminated_in_quick_succession_leave_notifications_on() {
     waiter.wait_running(Duration::from_secs(5));
 }
 
+/// A schema that holds another application's tables of the names baton uses is refused before
+/// baton creates anything there: it used to create its other tables beside them and fail at
+/// the first renewal (`column "key" does not exist`), leaving its tables in the schema.
+#[test]
+fn a_schema_with_tables_of_its_own_is_refused_and_left_alone() {
+    let addr = postgres();
+    let schema = format!("app_{}", std::process::id());
+    sql(
+        &addr,
+        &format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}; \
+             CREATE TABLE {schema}.sessions (id bigint PRIMARY KEY, who text)"
+        ),
+    );
+    let url = format!("postgres://baton:baton@{addr}/baton?schema={schema}");
+    for command in ["run", "leader"] {
+        let mut args = vec![command, "--backend", &url, "--election", "e"];
+        if command == "run" {
+            args.extend(["--", "true"]);
+        }
+        let output = baton().args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{command}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{command}: {stderr}");
+        assert!(
+            stderr.contains("tables that are not baton's (sessions"),
+            "{stderr}"
+        );
+    }
+    let tables = sql(
+        &addr,
+        &format!(
+            "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables \
+             WHERE schemaname = '{schema}'"
+        ),
+    );
+    assert_eq!(tables, ["sessions"]);
+    sql(&addr, &format!("DROP SCHEMA {schema} CASCADE"));
+}
+
 /// PostgreSQL stopped while a leader holds: renewals fail, so the leader's command is killed
 /// at its local deadline (within the TTL) and its `baton run` says so; the waiter does not
 /// start meanwhile. Once the database is back, the election resumes with a larger token.

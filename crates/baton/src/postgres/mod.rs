@@ -795,6 +795,9 @@ impl PgBackend {
                 // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema
                 // exists: a schema made for a role without it must not be created again.
                 let schema_exists: bool = row.get(1);
+                if schema_exists {
+                    self.refuse_foreign_tables(&transaction).await?;
+                }
                 let mut sql = schema_sql(&self.schema, &self.channel);
                 if !schema_exists {
                     sql = format!("CREATE SCHEMA {};\n{sql}", self.schema);
@@ -832,6 +835,35 @@ impl PgBackend {
                 "schema {} has baton's layout version {other:?}; this release knows {}",
                 self.schema, SCHEMA_VERSION
             ))),
+        }
+    }
+
+    /// A schema without baton's layout (no `meta`) that has tables of the names baton uses (an
+    /// application's own `sessions`, say) is not baton's to use: its `CREATE TABLE IF NOT
+    /// EXISTS` would keep the other table, create the rest beside it, and fail at the first
+    /// renewal, leaving them behind. Refused before anything is created (exit 2).
+    async fn refuse_foreign_tables(
+        &self,
+        transaction: &tokio_postgres::Transaction<'_>,
+    ) -> Result<()> {
+        let taken = "SELECT string_agg(c.relname, ', ' ORDER BY c.relname) FROM pg_class c \
+                     JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND \
+                     c.relname IN ('sessions', 'elections', 'entries', 'data', 'fences')";
+        let row = bounded(
+            &self.stats,
+            "create schema",
+            transaction.query_typed_one(taken, &[p(&self.schema)]),
+        )
+        .await?;
+        match row.get::<_, Option<String>>(0) {
+            None => Ok(()),
+            Some(names) => Err(Error::InvalidUrl {
+                url: format!("schema={}", self.schema),
+                reason: format!(
+                    "the schema has tables that are not baton's ({names}; baton's would be \
+                     created beside them): choose a schema of baton's own"
+                ),
+            }),
         }
     }
 
