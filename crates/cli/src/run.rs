@@ -459,6 +459,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 return Err(Exit(128 + signal as u8).into());
             }
             Outcome::Lost(ending) => {
+                if !args.requeue {
+                    // Unhealthy from here to the exit, never `ok` in between.
+                    terms.exiting(format!("leadership lost ({ending}); exiting"));
+                }
                 // Stop first, log after: a blocked stderr must not delay the kill.
                 stop_child(&mut child, &leadership, args.grace, ending.immediate()).await;
                 drop(term);

@@ -119,6 +119,8 @@ impl Endpoint {
 pub struct Terms {
     election: String,
     current: Arc<Mutex<Option<LeaseHealth>>>,
+    /// Why this process is on its way out after a term ended badly (no campaign follows).
+    exiting: Arc<Mutex<Option<String>>>,
 }
 
 impl Terms {
@@ -129,7 +131,15 @@ impl Terms {
         Terms {
             election: election.to_string(),
             current: Arc::default(),
+            exiting: Arc::default(),
         }
+    }
+
+    /// The process leads no more and campaigns no more: it resigns (which can take a while
+    /// with the backend away) and exits. `/healthz` says so from now on: `200 ok` would tell a
+    /// probe that all is well with a process about to exit with code 3.
+    pub fn exiting(&self, why: String) {
+        *self.exiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
     }
 
     /// CMD was started under `leadership`. The term lasts until the returned value is dropped,
@@ -149,6 +159,9 @@ impl Terms {
 
     /// `/healthz`: see [`check`].
     fn health(&self) -> Result<(), String> {
+        if let Some(why) = &*self.exiting.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Err(why.clone());
+        }
         check(self.lock().as_ref())
     }
 }

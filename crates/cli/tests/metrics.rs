@@ -285,6 +285,42 @@ fn is_leader_drops_as_the_lease_runs_out_while_the_backend_is_away() {
     proxy.set_partitioned(false);
 }
 
+/// Without `--requeue`, a lost term ends the run: while it resigns (slowly, with the backend
+/// away) and exits, `/healthz` says so with a 503, not the `200 ok` of a campaigning process.
+#[test]
+fn healthz_says_a_run_that_lost_its_term_is_exiting() {
+    let dir = scratch("metrics-exiting");
+    let election = unique("metrics-exiting");
+    let proxy = Proxy::start(server());
+    let through_proxy = url_at(&format!("127.0.0.1:{}", proxy.port));
+    let flags = ["--ttl", "2s", "--metrics", "127.0.0.1:0"];
+    let mut a = Runner::start_with(&through_proxy, &election, &flags, &dir, "a");
+    a.wait_running(Duration::from_secs(5));
+    let pid = a.child_pid().unwrap();
+    let address = metrics_address(&a);
+    proxy.set_partitioned(true);
+    wait_for(
+        "the command stopped at the deadline",
+        Duration::from_secs(5),
+        || (!alive(pid)).then_some(()),
+    );
+    // The resign waits for the unreachable backend: the process is still there, and says why
+    // it is not healthy (never `ok` on the way out).
+    let (status, body) = get(address, "/healthz");
+    assert!(
+        a.child.try_wait().unwrap().is_none(),
+        "baton run exited already"
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.starts_with("leadership lost (") && body.ends_with("exiting\n"),
+        "{body}"
+    );
+    proxy.set_partitioned(false);
+    let code = a.child.wait().unwrap().code();
+    assert_eq!(code, Some(3));
+}
+
 #[test]
 fn requests_other_than_the_three_endpoints_are_refused_without_harm() {
     let dir = scratch("metrics-requests");
