@@ -255,7 +255,28 @@ async fn open(target: &Target, notices: Option<mpsc::UnboundedSender<String>>) -
         Connector::Tls(tls) => connect_with(&target.config, tls.clone(), notices).await,
     };
     let error = match connected {
-        Ok(client) => return Ok(client),
+        Ok(client) => {
+            // Every connection, not only the first: a setting changed (and connections
+            // reopened) while baton runs must not go unnoticed.
+            let settings = "SELECT current_setting('synchronous_commit'), current_setting('fsync')";
+            let row =
+                match tokio::time::timeout(REQUEST_TIMEOUT, client.query_typed_one(settings, &[]))
+                    .await
+                {
+                    Ok(Ok(row)) => row,
+                    Ok(Err(error)) => return Err(pg_error("connect", error)),
+                    Err(_) => {
+                        return Err(Error::Unreachable {
+                            backend: BACKEND,
+                            endpoints: target.label.clone(),
+                            detail: "no answer to the first statement within 5s".into(),
+                        })
+                    }
+                };
+            let user = target.config.get_user().unwrap_or("baton");
+            check_durability(&target.label, user, row.get(0), row.get(1))?;
+            return Ok(client);
+        }
         Err(Some(error)) => error,
         Err(None) => {
             return Err(Error::Unreachable {
@@ -665,22 +686,16 @@ pub async fn fence(
 /// `synchronous_commit = off` a crash of PostgreSQL alone (no host crash needed) loses the last
 /// commits it acknowledged, renewals and elections among them: a lease comes back shorter than
 /// its holder counts on (two commands at once), and an election's epoch comes back lower (a
-/// token handed out twice). Set per role, it is fixed per role. `fsync = off` loses them only
-/// when the host crashes: said as a warning.
-fn check_durability(label: &str, synchronous_commit: &str, fsync: &str) -> Result<()> {
+/// token handed out twice). Checked on every connection baton opens. `fsync = off` loses them
+/// only when the host crashes: said as a warning.
+fn check_durability(label: &str, user: &str, synchronous_commit: &str, fsync: &str) -> Result<()> {
     if synchronous_commit == "off" {
-        return Err(Error::Backend {
-            backend: BACKEND,
-            operation: "connect",
-            detail: format!(
-                "{label} acknowledges commits before they are durable (synchronous_commit = \
-                 off): a crash could take back a renewal or an election it acknowledged, and \
-                 two candidates would lead at once; turn it on for baton's role (ALTER ROLE \
-                 ... SET synchronous_commit = on)"
-            ),
-            retryable: false,
-            source: None,
-        });
+        return Err(Error::Unsupported(format!(
+            "PostgreSQL at {label} acknowledges baton's commits before they are durable \
+             (synchronous_commit = off for role {user}): a crash could take back a renewal or an \
+             election, and two candidates would lead at once; turn it on (ALTER ROLE {user} SET \
+             synchronous_commit = on, and no synchronous_commit in the URL's options)"
+        )));
     }
     if fsync == "off" {
         tracing::warn!(
@@ -741,12 +756,10 @@ impl PgBackend {
         let mut client = self.pool.get().await?;
         // One look, by name (nothing parsed): is the name a reserved word (it would need
         // quoting everywhere), does the schema exist, do baton's tables?
-        // And how this session commits (see `check_durability`).
         let look = "SELECT EXISTS (SELECT 1 FROM pg_get_keywords() WHERE word = $1 \
                     AND catcode <> 'U'), EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1), \
                     EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = \
-                    c.relnamespace WHERE n.nspname = $1 AND c.relname = 'meta'), \
-                    current_setting('synchronous_commit'), current_setting('fsync')";
+                    c.relnamespace WHERE n.nspname = $1 AND c.relname = 'meta')";
         // The connect's first statement: a pooler in front of a PostgreSQL that does not answer
         // takes the connection, then holds the statement. No answer is an unreachable backend.
         let row = bounded(
@@ -772,7 +785,6 @@ impl PgBackend {
                 reason: "a word PostgreSQL reserves; choose another schema name".into(),
             });
         }
-        check_durability(&self.pool.target.label, row.get(3), row.get(4))?;
         if !row.get::<_, bool>(2) {
             let transaction = bounded(&self.stats, OP, client.transaction()).await?;
             bounded(
