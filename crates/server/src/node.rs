@@ -613,7 +613,7 @@ mod tests {
         let task = {
             let (growth, asked) = (growth.clone(), asked.clone());
             tokio::spawn(async move {
-                keep_the_log_small(&growth.clone(), || {
+                keep_the_log_small(&growth, || {
                     let (growth, asked) = (growth.clone(), asked.clone());
                     async move {
                         // The first snapshot purges what was applied, not the big entry; the

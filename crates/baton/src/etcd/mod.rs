@@ -52,8 +52,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// next one in the URL's order (see [`client::Client::pinned_elsewhere`]).
 pub(crate) const ELSEWHERE_WAIT: Duration = Duration::from_secs(1);
 
-/// How often an observer checks that the server still answers, and how long it waits.
-const OBSERVER_PROBE: Duration = Duration::from_secs(1);
+/// How often a member carrying a stream (an observer's watch, the watch hub's) is asked whether
+/// it still answers, how long it has to answer, and the bound on opening a stream there.
+pub(crate) const MEMBER_PROBE: Duration = Duration::from_secs(1);
 
 use crate::driver::RETRY_PAUSE;
 
@@ -507,7 +508,7 @@ impl EtcdBackend {
         // Bounded as a probe is: a member that hangs just as the watch opens would otherwise
         // keep the observer silent for the whole request timeout.
         let mut stream = request_within(
-            OBSERVER_PROBE,
+            MEMBER_PROBE,
             &self.stats,
             "watch",
             client.watch(prefix, Some(options)),
@@ -516,7 +517,7 @@ impl EtcdBackend {
         // A watch says nothing while the server is silent (stopped, partitioned): probe it, so
         // that "no news" is never mistaken for "no change" for long.
         let mut closing = std::pin::pin!(self.leases.closing());
-        let mut probe = tokio::time::interval(OBSERVER_PROBE);
+        let mut probe = tokio::time::interval(MEMBER_PROBE);
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         probe.tick().await;
         loop {
@@ -533,7 +534,7 @@ impl EtcdBackend {
                 _ = probe.tick() => {
                     let options = GetOptions::new().with_prefix().with_count_only();
                     request_within(
-                        OBSERVER_PROBE,
+                        MEMBER_PROBE,
                         &self.stats,
                         "observer probe",
                         client.get(prefix, Some(options)),

@@ -20,8 +20,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use std::time::Duration;
-
 use super::client::{
     Client, EventType, GetOptions, Pin, WatchFilterType, WatchOptions, WatchRequestSender,
     WatchResponse, WatchResponseStream,
@@ -29,14 +27,11 @@ use super::client::{
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
+use crate::etcd::MEMBER_PROBE as PROBE;
 use crate::stats::Stats;
 
 /// Bound on queued registrations and cancellations: one or two per candidate at a time.
 const QUEUE: usize = 1024;
-
-/// With several endpoints: how often the stream's member is asked whether it still answers,
-/// how long it has to answer, and the bound on opening the stream there.
-const PROBE: Duration = Duration::from_secs(1);
 
 /// Why a deletion watch fired: the entry is the key.
 pub(crate) type Fired = crate::driver::Fired<Vec<u8>>;

@@ -257,22 +257,13 @@ async fn open(target: &Target, notices: Option<mpsc::UnboundedSender<String>>) -
     let error = match connected {
         Ok(client) => {
             // Every connection, not only the first: a setting changed (and connections
-            // reopened) while baton runs must not go unnoticed.
+            // reopened) while baton runs must not go unnoticed. It is also the connection's
+            // first statement: a pooler in front of a PostgreSQL that does not answer takes
+            // the connection, then holds the statement.
             let settings = "SELECT current_setting('synchronous_commit'), current_setting('fsync')";
-            let row =
-                match tokio::time::timeout(REQUEST_TIMEOUT, client.query_typed_one(settings, &[]))
-                    .await
-                {
-                    Ok(Ok(row)) => row,
-                    Ok(Err(error)) => return Err(pg_error("connect", error)),
-                    Err(_) => {
-                        return Err(Error::Unreachable {
-                            backend: BACKEND,
-                            endpoints: target.label.clone(),
-                            detail: "no answer to the first statement within 5s".into(),
-                        })
-                    }
-                };
+            let row = uncounted("connect", client.query_typed_one(settings, &[]))
+                .await
+                .map_err(|error| unanswered_is_unreachable(&target.label, error))?;
             let user = target.config.get_user().unwrap_or("baton");
             check_durability(&target.label, user, row.get(0), row.get(1))?;
             return Ok(client);
@@ -682,6 +673,21 @@ pub async fn fence(
     }
 }
 
+/// A statement a connection's server never answered: the backend at `label` is unreachable.
+fn unanswered_is_unreachable(label: &str, error: Error) -> Error {
+    match error {
+        Error::Timeout { after_ms, .. } => Error::Unreachable {
+            backend: BACKEND,
+            endpoints: label.to_string(),
+            detail: format!(
+                "no answer to the first statement within {}s",
+                after_ms / 1000
+            ),
+        },
+        other => other,
+    }
+}
+
 /// Refuses a session that acknowledges commits before they are durable: with
 /// `synchronous_commit = off` a crash of PostgreSQL alone (no host crash needed) loses the last
 /// commits it acknowledged, renewals and elections among them: a lease comes back shorter than
@@ -760,25 +766,14 @@ impl PgBackend {
                     AND catcode <> 'U'), EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1), \
                     EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = \
                     c.relnamespace WHERE n.nspname = $1 AND c.relname = 'meta')";
-        // The connect's first statement: a pooler in front of a PostgreSQL that does not answer
-        // takes the connection, then holds the statement. No answer is an unreachable backend.
+        // The connect's first statement of its own: no answer is an unreachable backend.
         let row = bounded(
             &self.stats,
             OP,
             client.query_typed_one(look, &[p(&self.schema)]),
         )
         .await
-        .map_err(|error| match error {
-            Error::Timeout { after_ms, .. } => Error::Unreachable {
-                backend: BACKEND,
-                endpoints: self.pool.target.label.clone(),
-                detail: format!(
-                    "no answer to the first statement within {}s",
-                    after_ms / 1000
-                ),
-            },
-            other => other,
-        })?;
+        .map_err(|error| unanswered_is_unreachable(&self.pool.target.label, error))?;
         if row.get::<_, bool>(0) {
             return Err(Error::InvalidUrl {
                 url: format!("schema={}", self.schema),
