@@ -183,12 +183,40 @@ fn leadership_moves_between_two_nodes_in_their_metrics_and_leader_json() {
     assert_eq!(get(b_address, "/healthz"), (200, "ok\n".to_string()));
 }
 
-#[test]
-fn healthz_turns_503_while_renewals_stall_before_the_lease_runs_out_and_200_after() {
-    let dir = scratch("metrics-stall");
-    let election = unique("metrics-stall");
+/// A leader "a" of a fresh election, started with `flags`, whose backend it reaches only
+/// through a proxy the test can cut: what the cut-off tests need of it.
+struct BehindProxy {
+    proxy: Proxy,
+    a: Runner,
+    election: String,
+    /// a's command.
+    pid: u64,
+    /// a's metrics endpoint.
+    address: SocketAddr,
+    _dir: Scratch,
+}
+
+fn leader_behind_proxy(name: &str, flags: &[&str]) -> BehindProxy {
+    let dir = scratch(name);
+    let election = unique(name);
     let proxy = Proxy::start(server());
     let through_proxy = url_at(&format!("127.0.0.1:{}", proxy.port));
+    let a = Runner::start_with(&through_proxy, &election, flags, &dir, "a");
+    a.wait_running(Duration::from_secs(5));
+    let pid = a.child_pid().unwrap();
+    let address = metrics_address(&a);
+    BehindProxy {
+        proxy,
+        a,
+        election,
+        pid,
+        address,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn healthz_turns_503_while_renewals_stall_before_the_lease_runs_out_and_200_after() {
     // A long TTL and frequent renewals: renewals count as stalled 2 s after the last answered
     // one, while the lease lasts almost 10 s.
     let flags = [
@@ -199,10 +227,14 @@ fn healthz_turns_503_while_renewals_stall_before_the_lease_runs_out_and_200_afte
         "--metrics",
         "127.0.0.1:0",
     ];
-    let mut a = Runner::start_with(&through_proxy, &election, &flags, &dir, "a");
-    a.wait_running(Duration::from_secs(5));
-    let pid = a.child_pid().unwrap();
-    let address = metrics_address(&a);
+    let BehindProxy {
+        proxy,
+        mut a,
+        election,
+        pid,
+        address,
+        _dir,
+    } = leader_behind_proxy("metrics-stall", &flags);
     for _ in 0..5 {
         assert_eq!(get(address, "/healthz"), (200, "ok\n".to_string()));
         std::thread::sleep(Duration::from_millis(300));
@@ -247,16 +279,16 @@ fn healthz_turns_503_while_renewals_stall_before_the_lease_runs_out_and_200_afte
 /// ZooKeeper), so an alert on `sum(baton_is_leader) > 1` fired for a leader already stopped.
 #[test]
 fn is_leader_drops_as_the_lease_runs_out_while_the_backend_is_away() {
-    let dir = scratch("metrics-over");
-    let election = unique("metrics-over");
-    let proxy = Proxy::start(server());
-    let through_proxy = url_at(&format!("127.0.0.1:{}", proxy.port));
     // --requeue: the process outlives the term, campaigning again, so its metrics can be read.
     let flags = ["--ttl", "2s", "--metrics", "127.0.0.1:0", "--requeue"];
-    let mut a = Runner::start_with(&through_proxy, &election, &flags, &dir, "a");
-    a.wait_running(Duration::from_secs(5));
-    let pid = a.child_pid().unwrap();
-    let address = metrics_address(&a);
+    let BehindProxy {
+        proxy,
+        mut a,
+        election,
+        pid,
+        address,
+        _dir,
+    } = leader_behind_proxy("metrics-over", &flags);
     let this = [("election", election.as_str())];
     wait_series(address, "baton_is_leader", &this, 1.0);
 
@@ -289,15 +321,15 @@ fn is_leader_drops_as_the_lease_runs_out_while_the_backend_is_away() {
 /// away) and exits, `/healthz` says so with a 503, not the `200 ok` of a campaigning process.
 #[test]
 fn healthz_says_a_run_that_lost_its_term_is_exiting() {
-    let dir = scratch("metrics-exiting");
-    let election = unique("metrics-exiting");
-    let proxy = Proxy::start(server());
-    let through_proxy = url_at(&format!("127.0.0.1:{}", proxy.port));
     let flags = ["--ttl", "2s", "--metrics", "127.0.0.1:0"];
-    let mut a = Runner::start_with(&through_proxy, &election, &flags, &dir, "a");
-    a.wait_running(Duration::from_secs(5));
-    let pid = a.child_pid().unwrap();
-    let address = metrics_address(&a);
+    let BehindProxy {
+        proxy,
+        mut a,
+        pid,
+        address,
+        _dir,
+        ..
+    } = leader_behind_proxy("metrics-exiting", &flags);
     proxy.set_partitioned(true);
     wait_for(
         "the command stopped at the deadline",

@@ -293,10 +293,7 @@ fn a_hung_member_of_the_url_ends_no_term_and_deafens_no_waiter() {
     let observer = observe(&url, &elections[0], &observed);
     let lines = || observed_lines(&observed);
     wait_for("observe shows a", Duration::from_secs(5), || {
-        lines()
-            .last()
-            .is_some_and(|line| line["leader"]["id"] == "a")
-            .then_some(())
+        shows_leader(&observed, "a").then_some(())
     });
 
     hung.set_partitioned(true);
@@ -316,10 +313,7 @@ fn a_hung_member_of_the_url_ends_no_term_and_deafens_no_waiter() {
     waiter.wait_running(Duration::from_secs(3));
     let waited = handed_at.elapsed();
     wait_for("observe shows w", Duration::from_secs(3), || {
-        lines()
-            .last()
-            .is_some_and(|line| line["leader"]["id"] == "w")
-            .then_some(())
+        shows_leader(&observed, "w").then_some(())
     });
     hung.set_partitioned(false);
     drop(observer);
@@ -351,10 +345,7 @@ fn observe_says_unavailable_soon_and_once_while_its_backend_hangs() {
     );
     let lines = || observed_lines(&observed);
     wait_for("observe shows a", Duration::from_secs(10), || {
-        lines()
-            .last()
-            .is_some_and(|line| line["leader"]["id"] == "a")
-            .then_some(())
+        shows_leader(&observed, "a").then_some(())
     });
     proxy.set_partitioned(true);
     let hung_at = Instant::now();
@@ -378,10 +369,7 @@ fn observe_says_unavailable_soon_and_once_while_its_backend_hangs() {
     );
     proxy.set_partitioned(false);
     wait_for("observe shows a again", Duration::from_secs(10), || {
-        lines()
-            .last()
-            .is_some_and(|line| line["leader"]["id"] == "a")
-            .then_some(())
+        shows_leader(&observed, "a").then_some(())
     });
 }
 
@@ -395,6 +383,13 @@ fn observe(url: &str, election: &str, out: &std::path::Path) -> Reaped {
             .spawn()
             .unwrap(),
     )
+}
+
+/// Whether the last line `baton observe` wrote to `out` shows `id` leading.
+fn shows_leader(out: &std::path::Path, id: &str) -> bool {
+    observed_lines(out)
+        .last()
+        .is_some_and(|line| line["leader"]["id"] == id)
 }
 
 /// The lines `baton observe` wrote to `out` so far, each of which must be JSON.
@@ -427,12 +422,7 @@ fn observe_hears_a_handoff_soon_after_its_member_hangs() {
         wait_queued_at(&url_of(&live), &election, 2);
         let observed = dir.join(format!("observe-{round}.out"));
         let _observer = observe(&url, &election, &observed);
-        let shows = |id: &str| {
-            observed_lines(&observed)
-                .last()
-                .is_some_and(|line| line["leader"]["id"] == id)
-                .then_some(())
-        };
+        let shows = |id: &str| shows_leader(&observed, id).then_some(());
         wait_for("observe shows the leader", Duration::from_secs(5), || {
             shows(first)
         });

@@ -56,6 +56,18 @@ fn sql(addr: &str, statement: &str) -> Vec<String> {
     })
 }
 
+/// Terminates every connection of application `app` (only this test's, not those of tests
+/// running beside it); returns one row per connection it ended.
+fn terminate_connections_of(addr: &str, app: &str) -> Vec<String> {
+    sql(
+        addr,
+        &format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = '{app}' AND pid <> pg_backend_pid()"
+        ),
+    )
+}
+
 /// `pg_ctl` on the restartable cluster, as user postgres.
 fn pg_ctl(data: &str, action: &str) {
     let bin = "/usr/lib/postgresql/15/bin/pg_ctl";
@@ -138,13 +150,7 @@ fn terminated_connections_change_no_leader() {
     std::thread::sleep(Duration::from_millis(500));
     let mut terminated = 0;
     for _ in 0..6 {
-        let ended = sql(
-            &addr,
-            &format!(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE application_name = '{app}' AND pid <> pg_backend_pid()"
-            ),
-        );
+        let ended = terminate_connections_of(&addr, &app);
         terminated += ended.len();
         std::thread::sleep(Duration::from_millis(500));
         assert!(
@@ -190,13 +196,7 @@ fn connections_terminated_in_quick_succession_leave_notifications_on() {
     let waiter = Runner::start(&url, &election, "3s", &dir, "w");
     std::thread::sleep(Duration::from_millis(500));
     for _ in 0..60 {
-        sql(
-            &addr,
-            &format!(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE application_name = '{app}' AND pid <> pg_backend_pid()"
-            ),
-        );
+        terminate_connections_of(&addr, &app);
         std::thread::sleep(Duration::from_millis(100));
     }
     // The notification connections come back once the terminations stop.
