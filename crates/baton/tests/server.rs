@@ -142,6 +142,65 @@ async fn an_endpoint_that_comes_back_as_another_cluster_is_not_used() {
     leadership.resign().await;
 }
 
+/// Watch progress notifications, as etcd sends them: a watch created with `progress_notify`
+/// that has had no event for an interval gets an empty response carrying its watch id and
+/// the current revision (so its client knows it is up to date); a watch that asked for none,
+/// or that just had an event, gets nothing.
+#[tokio::test]
+async fn an_idle_watch_that_asked_for_progress_hears_the_current_revision() {
+    use etcd_client::WatchOptions;
+    let server = tokio::task::spawn_blocking(|| {
+        BackgroundServer::start_with(|config| {
+            config.progress_interval = Duration::from_millis(300);
+        })
+    })
+    .await
+    .unwrap();
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    let mut quiet = client
+        .watch(
+            "/progress/quiet",
+            Some(WatchOptions::new().with_progress_notify()),
+        )
+        .await
+        .unwrap();
+    let created = quiet.message().await.unwrap().unwrap();
+    assert!(created.created());
+    let quiet_id = created.watch_id();
+    let mut plain = client.watch("/progress/plain", None).await.unwrap();
+    let revision = client
+        .put("/progress/other", "x", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    // Progress notifications: no events, the watch's id, and (once the put is in: a slow host
+    // may see one tick before it) the current revision.
+    tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            let note = quiet.message().await.unwrap().unwrap();
+            assert!(note.events().is_empty(), "{note:?}");
+            assert_eq!(note.watch_id(), quiet_id);
+            let at = note.header().unwrap().revision();
+            assert!(at <= revision, "{note:?}");
+            if at == revision {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("no progress notification at the current revision within 3 s");
+    // The watch that asked for none hears nothing but its creation.
+    let created = plain.message().await.unwrap().unwrap();
+    assert!(created.created());
+    let nothing = tokio::time::timeout(Duration::from_secs(1), plain.message()).await;
+    assert!(nothing.is_err(), "{nothing:?}");
+    drop(server);
+}
+
 #[tokio::test]
 async fn nested_prefixes_are_independent() {
     check_nested_prefixes_are_independent(&url()).await;

@@ -14,11 +14,18 @@ pub struct BackgroundServer {
     dir: PathBuf,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Settings beyond the defaults, kept across restarts.
+    configure: fn(&mut baton_server::ServerConfig),
 }
 
 impl BackgroundServer {
     /// Starts a server on a fresh data directory and a free port.
     pub fn start() -> BackgroundServer {
+        BackgroundServer::start_with(|_| {})
+    }
+
+    /// [`BackgroundServer::start`] with settings of its own.
+    pub fn start_with(configure: fn(&mut baton_server::ServerConfig)) -> BackgroundServer {
         let dir = std::env::temp_dir().join(format!(
             "baton-test-server-{}-{}",
             std::process::id(),
@@ -30,6 +37,7 @@ impl BackgroundServer {
             dir,
             stop: None,
             thread: None,
+            configure,
         };
         server.spawn();
         server
@@ -48,7 +56,8 @@ impl BackgroundServer {
     fn spawn(&mut self) {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let config = baton_server::ServerConfig::new(self.addr, &self.dir);
+        let mut config = baton_server::ServerConfig::new(self.addr, &self.dir);
+        (self.configure)(&mut config);
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
