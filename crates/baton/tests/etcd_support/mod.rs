@@ -373,10 +373,15 @@ pub async fn check_answers_as_etcd(endpoint: &str) {
     assert_eq!(header(&nested.responses[0].response).revision, before + 1);
 }
 
-/// An endpoint where nothing listens (a loopback port just freed): connecting is refused.
-pub fn dead_endpoint() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
+/// An endpoint where nothing listens: a loopback port bound but never listened on, so
+/// connecting is refused, and held (with the returned socket) so that no other test's server
+/// can take it meanwhile. A port merely freed was once taken by a server of a test running
+/// beside this one, and "both endpoints down" connected.
+pub fn dead_endpoint() -> (tokio::net::TcpSocket, String) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let address = socket.local_addr().unwrap().to_string();
+    (socket, address)
 }
 
 /// A URL of two endpoints, one of them down (`live` first or second), connects every time,
@@ -386,7 +391,7 @@ pub fn dead_endpoint() -> String {
 pub async fn check_a_dead_endpoint_is_left_out(live: &str) {
     use crate::conformance::{config, unique, within};
     use std::time::Duration;
-    let dead = dead_endpoint();
+    let (_held_dead, dead) = dead_endpoint();
     let election = unique("dead-member");
     let mut held = None;
     for (round, url) in [
@@ -426,7 +431,7 @@ pub async fn check_a_dead_endpoint_is_left_out(live: &str) {
         }
     }
     held.expect("round 0 campaigned").resign().await;
-    let other = dead_endpoint();
+    let (_held_other, other) = dead_endpoint();
     let error = baton::Backend::connect(&format!("etcd://{dead},{other}/baton-test"))
         .await
         .unwrap_err();
