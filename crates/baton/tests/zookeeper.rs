@@ -91,6 +91,37 @@ async fn entries_are_ephemeral_sequential_znodes() {
         .is_none());
 }
 
+/// Reads never write: connecting, `leader`, `participants` and an observer on a URL whose
+/// chroot does not exist create nothing (`baton leader` used to create the chroot), and read it
+/// as an election with no candidate. The observer then sees the first campaign, which creates
+/// the chroot with the election's folders.
+#[tokio::test]
+async fn reads_on_a_missing_chroot_create_nothing() {
+    let chroot = format!("/{}/deeper", unique("fresh-chroot"));
+    let url = format!("zk://{}{chroot}", zk_support::zookeeper());
+    let backend = Backend::connect(&url).await.unwrap();
+    let election = Election::new(&backend, "reads", config()).unwrap();
+    assert_eq!(election.leader().await.unwrap(), None);
+    assert!(election.participants().await.unwrap().is_empty());
+    let mut observer = election.observe().await.unwrap();
+    assert_eq!(observer.next().await, Some(Observed::Leader(None)));
+    let client = zk_support::client(&zk_support::zookeeper()).await;
+    let top = chroot.rsplit_once('/').unwrap().0;
+    assert!(
+        client.check_stat(top).await.unwrap().is_none(),
+        "{top} was created by a read"
+    );
+    let leadership = within("campaign", Duration::from_secs(10), election.campaign("a"))
+        .await
+        .unwrap();
+    match within("observe", Duration::from_secs(10), observer.next()).await {
+        Some(Observed::Leader(Some(leader))) => assert_eq!(leader.id, "a"),
+        other => panic!("{other:?}"),
+    }
+    assert!(client.check_stat(&chroot).await.unwrap().is_some());
+    leadership.resign().await;
+}
+
 /// Names ZooKeeper would refuse in a path are percent-encoded, including characters outside
 /// the Basic Multilingual Plane: ZooKeeper checks paths as UTF-16, where they are surrogate
 /// pairs, which it refuses.

@@ -1,6 +1,7 @@
 //! The ZooKeeper backend, `zk://host:port[,host:port]/chroot` (also `zookeeper://`).
 //!
-//! Layout under the chroot (persistent nodes, created when missing):
+//! Layout under the chroot (persistent nodes, created by the first write that needs them; reads
+//! never create anything, and a missing chroot reads as elections with no candidate):
 //!
 //! - `<chroot>/<election>/@candidates/<session id hex>-<n>-<sequence>`: one ephemeral sequential
 //!   znode per candidate, owned by the ZooKeeper session of its lease, holding the candidate's id
@@ -298,8 +299,8 @@ impl std::fmt::Debug for ZkBackend {
 }
 
 impl ZkBackend {
-    /// Connects: establishes the main session (its negotiated timeout is the longest TTL), a
-    /// short probe session (its negotiated timeout is the shortest), and the chroot.
+    /// Connects: establishes the main session (its negotiated timeout is the longest TTL) and a
+    /// short probe session (its negotiated timeout is the shortest).
     pub(crate) async fn connect(endpoints: Vec<String>, chroot: String) -> Result<ZkBackend> {
         let hosts = endpoints.join(",");
         let probe = async {
@@ -329,8 +330,9 @@ impl ZkBackend {
             _ => 0,
         };
         let ensemble = (members >= 2).then_some((members, min_ttl / 4));
-        // The chroot must exist (a bad one fails here, in one line).
-        request(&stats, "create the chroot", mkdir_or_exists(&main, &chroot)).await?;
+        // The chroot is not created here: a read (`baton leader`, `observe`) must not write,
+        // and a missing chroot reads as elections with no candidate. The first write (a
+        // campaign, a fenced write) creates the folders it needs, the chroot with them.
         Ok(ZkBackend {
             main: Arc::new(MainSession::new(hosts.clone(), main, stats.clone())),
             hosts,
