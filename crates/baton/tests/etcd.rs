@@ -131,7 +131,7 @@ impl PrivateEtcd {
     }
 
     /// Starts etcd on an empty data directory and waits until it answers. Returns false if
-    /// another test's etcd answers on its port.
+    /// another test's etcd answers on its port, or if etcd exits (a port of its was taken).
     async fn spawn(&mut self) -> bool {
         let _ = std::fs::remove_dir_all(&self.dir);
         std::fs::create_dir_all(&self.dir).unwrap();
@@ -155,6 +155,10 @@ impl PrivateEtcd {
             .expect("etcd must be installed (scripts/test installs it)");
         self.child = Some(child);
         for _ in 0..100 {
+            // etcd exits when its ports are taken (by another test since they were found free).
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|child| child.try_wait()) {
+                return false;
+            }
             if let Ok(mut client) = etcd_client::Client::connect([self.endpoint()], None).await {
                 if let Ok(members) = client.member_list().await {
                     return members.members().iter().any(|m| m.name() == name);
@@ -178,7 +182,7 @@ impl PrivateEtcd {
         self.kill();
         assert!(
             self.spawn().await,
-            "port {} was taken by another test's etcd",
+            "port {} was taken by another test (its etcd, or a port a check holds)",
             self.client_port
         );
     }

@@ -485,7 +485,9 @@ pub async fn check_a_hung_member_ends_no_term(live: &str) {
         leaders.push((backend, election, leadership));
     }
     let waiter_backend = baton::Backend::connect(&url).await.unwrap();
-    let waiter = baton::Election::new(&waiter_backend, leaders[0].1.name(), config()).unwrap();
+    // At the leaders' TTL too: the waiter's lease renews through the hung member as well.
+    let waiter =
+        baton::Election::new(&waiter_backend, leaders[0].1.name(), leader_config.clone()).unwrap();
     let waiting = tokio::spawn(async move { waiter.campaign("waiter").await });
     queued(&leaders[0].1, 2).await;
     let observer_backend = baton::Backend::connect(&url).await.unwrap();
