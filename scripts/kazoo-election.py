@@ -21,6 +21,17 @@ def main() -> int:
         return 2
     hosts, path, identifier, timeout = sys.argv[1:5]
     command = sys.argv[6:]
+    # kazoo creates paths inside a chroot, never the chroot itself: make it first, as baton's
+    # own first campaign would.
+    servers, slash, chroot = hosts.partition("/")
+    if slash and chroot:
+        root = KazooClient(hosts=servers, timeout=float(timeout))
+        root.start()
+        try:
+            root.ensure_path("/" + chroot)
+        finally:
+            root.stop()
+            root.close()
     client = KazooClient(hosts=hosts, timeout=float(timeout))
     client.start()
     try:

@@ -38,7 +38,7 @@ pub enum BackendUrl {
         /// `host:port` endpoints.
         endpoints: Vec<String>,
         /// The znode everything of baton's lives under, starting with `/` and without a
-        /// trailing one (created if missing).
+        /// trailing one (created by the first campaign if missing; reads create nothing).
         chroot: String,
     },
     /// A PostgreSQL database (`postgres://` or `postgresql://`, libpq's URL form).
