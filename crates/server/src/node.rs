@@ -581,11 +581,8 @@ where
     Asked: std::future::Future<Output = bool>,
 {
     loop {
-        if growth.bytes() <= growth.limit() {
+        while growth.bytes() <= growth.limit() {
             growth.past_limit().await;
-            if growth.bytes() <= growth.limit() {
-                continue;
-            }
         }
         let seen = growth.purges();
         if !snapshot().await {
@@ -603,6 +600,17 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
 
+    /// `keep_the_log_small` over `growth` in a task of its own, asking `snapshot` for each
+    /// snapshot.
+    fn keeper<F, Asked>(growth: &Arc<log_store::Growth>, snapshot: F) -> tokio::task::JoinHandle<()>
+    where
+        F: FnMut() -> Asked + Send + 'static,
+        Asked: std::future::Future<Output = bool> + Send,
+    {
+        let growth = growth.clone();
+        tokio::spawn(async move { keep_the_log_small(&growth, snapshot).await })
+    }
+
     /// A snapshot that stops short of the entry that crossed the bound leaves the log past it:
     /// the next one is asked for at once, with no append to signal it (the wedge: the proposer
     /// appended nothing more, and the task waited for an append).
@@ -610,24 +618,21 @@ mod tests {
     async fn a_log_still_past_its_bound_after_a_snapshot_gets_another() {
         let growth = log_store::Growth::for_test(3_000, 1_000);
         let asked = Arc::new(AtomicU32::new(0));
-        let task = {
+        let task = keeper(&growth, {
             let (growth, asked) = (growth.clone(), asked.clone());
-            tokio::spawn(async move {
-                keep_the_log_small(&growth, || {
-                    let (growth, asked) = (growth.clone(), asked.clone());
-                    async move {
-                        // The first snapshot purges what was applied, not the big entry; the
-                        // second, the big entry too.
-                        match asked.fetch_add(1, Ordering::SeqCst) {
-                            0 => growth.purge_for_test(500),
-                            _ => growth.purge_for_test(growth.bytes()),
-                        }
-                        true
+            move || {
+                let (growth, asked) = (growth.clone(), asked.clone());
+                async move {
+                    // The first snapshot purges what was applied, not the big entry; the
+                    // second, the big entry too.
+                    match asked.fetch_add(1, Ordering::SeqCst) {
+                        0 => growth.purge_for_test(500),
+                        _ => growth.purge_for_test(growth.bytes()),
                     }
-                })
-                .await
-            })
-        };
+                    true
+                }
+            }
+        });
         growth.signal_past_for_test();
         let started = tokio::time::Instant::now();
         while growth.bytes() > 0 {
@@ -649,16 +654,13 @@ mod tests {
     async fn a_log_that_cannot_shrink_is_not_snapshotted_in_a_loop() {
         let growth = log_store::Growth::for_test(3_000, 1_000);
         let asked = Arc::new(AtomicU32::new(0));
-        let task = {
-            let (growth, asked) = (growth.clone(), asked.clone());
-            tokio::spawn(async move {
-                keep_the_log_small(&growth, || {
-                    asked.fetch_add(1, Ordering::SeqCst);
-                    async { true }
-                })
-                .await
-            })
-        };
+        let task = keeper(&growth, {
+            let asked = asked.clone();
+            move || {
+                asked.fetch_add(1, Ordering::SeqCst);
+                async { true }
+            }
+        });
         growth.signal_past_for_test();
         tokio::time::sleep(Duration::from_millis(4_500)).await;
         assert_eq!(asked.load(Ordering::SeqCst), 5);
