@@ -30,7 +30,7 @@
 //!   entry cannot be deleted (and no successor can lead) until the transaction ends.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -265,7 +265,7 @@ async fn open(target: &Target, notices: Option<mpsc::UnboundedSender<String>>) -
                 .await
                 .map_err(|error| unanswered_is_unreachable(&target.label, error))?;
             let user = target.config.get_user().unwrap_or("baton");
-            check_durability(&target.label, user, row.get(0), row.get(1))?;
+            check_durability(target, user, row.get(0), row.get(1))?;
             return Ok(client);
         }
         Err(Some(error)) => error,
@@ -382,6 +382,9 @@ struct Target {
     connector: Connector,
     /// `host:port,...`, for messages.
     label: String,
+    /// `fsync = off` was warned of (once per backend, shared by its clones: the check runs on
+    /// every connection).
+    fsync_warned: Arc<AtomicBool>,
 }
 
 /// A few connections, each used by one task at a time (a transaction needs its connection to
@@ -693,8 +696,14 @@ fn unanswered_is_unreachable(label: &str, error: Error) -> Error {
 /// commits it acknowledged, renewals and elections among them: a lease comes back shorter than
 /// its holder counts on (two commands at once), and an election's epoch comes back lower (a
 /// token handed out twice). Checked on every connection baton opens. `fsync = off` loses them
-/// only when the host crashes: said as a warning.
-fn check_durability(label: &str, user: &str, synchronous_commit: &str, fsync: &str) -> Result<()> {
+/// only when the host crashes: said as a warning, once.
+fn check_durability(
+    target: &Target,
+    user: &str,
+    synchronous_commit: &str,
+    fsync: &str,
+) -> Result<()> {
+    let label = &target.label;
     if synchronous_commit == "off" {
         return Err(Error::Unsupported(format!(
             "PostgreSQL at {label} acknowledges baton's commits before they are durable \
@@ -703,7 +712,7 @@ fn check_durability(label: &str, user: &str, synchronous_commit: &str, fsync: &s
              synchronous_commit = on, and no synchronous_commit in the URL's options)"
         )));
     }
-    if fsync == "off" {
+    if fsync == "off" && !target.fsync_warned.swap(true, Ordering::Relaxed) {
         tracing::warn!(
             server = %label,
             "PostgreSQL runs with fsync = off: a crash of its host could take back renewals \
@@ -724,6 +733,7 @@ impl PgBackend {
                 config,
                 connector,
                 label,
+                fsync_warned: Arc::default(),
             },
             warm: std::sync::OnceLock::new(),
             slots: (0..POOL).map(|_| tokio::sync::Mutex::new(None)).collect(),
