@@ -122,6 +122,55 @@ async fn reads_on_a_missing_chroot_create_nothing() {
     leadership.resign().await;
 }
 
+/// A chroot baton may not create (under an ephemeral znode, which can have no children, or
+/// under a znode only readable by anyone) is reported by the first campaign, in one line that
+/// says why; reads there still show no candidate and write nothing.
+#[tokio::test]
+async fn a_chroot_baton_may_not_create_is_reported_by_the_first_campaign() {
+    use zookeeper_client as zk;
+    let client = zk_support::client(&zk_support::zookeeper()).await;
+    let ephemeral = format!("/{}", unique("ephemeral-parent"));
+    let read_only = format!("/{}", unique("read-only-parent"));
+    let anyone = zk::Acls::anyone_all();
+    client
+        .create(
+            &ephemeral,
+            b"",
+            &zk::CreateMode::Ephemeral.with_acls(anyone),
+        )
+        .await
+        .unwrap();
+    let readable = zk::Acls::anyone_read();
+    client
+        .create(
+            &read_only,
+            b"",
+            &zk::CreateMode::Persistent.with_acls(readable),
+        )
+        .await
+        .unwrap();
+    for (parent, why) in [
+        (&ephemeral, "ephemeral node can not have children"),
+        (&read_only, "not authorized"),
+    ] {
+        let url = format!("zk://{}{parent}/chroot", zk_support::zookeeper());
+        let backend = Backend::connect(&url).await.unwrap();
+        let election = Election::new(&backend, "refused", config()).unwrap();
+        assert_eq!(election.leader().await.unwrap(), None, "{parent}");
+        let error = within("campaign", Duration::from_secs(10), election.campaign("a"))
+            .await
+            .expect_err(parent);
+        let message = error.to_string();
+        assert!(message.contains(why), "{parent}: {message}");
+        assert!(!message.contains('\n'), "{message}");
+        assert!(
+            client.list_children(parent).await.unwrap().is_empty(),
+            "{parent}"
+        );
+    }
+    client.delete(&read_only, None).await.unwrap();
+}
+
 /// Names ZooKeeper would refuse in a path are percent-encoded, including characters outside
 /// the Basic Multilingual Plane: ZooKeeper checks paths as UTF-16, where they are surrogate
 /// pairs, which it refuses.
