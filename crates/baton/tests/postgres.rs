@@ -575,6 +575,179 @@ async fn a_read_only_role_reads_and_observes() {
     backend.close().await;
 }
 
+/// Every commit of baton's waits for its record to be flushed, whatever the session's
+/// `synchronous_commit` says (off here for the whole session; through PgBouncer another
+/// client's `SET` can leave a server connection so, and a reload changes open sessions). A
+/// deferred trigger on each of baton's tables records the setting in force at each commit
+/// that wrote a row there: it reads `off` for a plain write on such a session, and `on` for
+/// every write baton makes (grant, renewal, campaign, fenced write, resign, revoke) and for a
+/// caller's own transaction that fences.
+#[tokio::test]
+async fn commits_wait_for_the_flush_whatever_the_session_says() {
+    let schema = format!("durable_{}", std::process::id());
+    let url = format!("{}?schema={schema}", server());
+    baton::Backend::connect(&url).await.unwrap().close().await;
+    let admin = raw(&server()).await;
+    let mut sql = format!(
+        "CREATE TABLE {schema}.commit_log (app text, tbl text, op text, setting text); \
+         CREATE FUNCTION {schema}.log_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         INSERT INTO {schema}.commit_log VALUES (current_setting('application_name'), \
+         TG_TABLE_NAME, TG_OP, current_setting('synchronous_commit')); RETURN NULL; END $$;"
+    );
+    for table in ["sessions", "elections", "entries", "data", "fences"] {
+        sql.push_str(&format!(
+            "CREATE CONSTRAINT TRIGGER log_commit AFTER INSERT OR UPDATE OR DELETE \
+             ON {schema}.{table} DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+             EXECUTE FUNCTION {schema}.log_commit();"
+        ));
+    }
+    admin.batch_execute(&sql).await.unwrap();
+    let off = "options=-c%20synchronous_commit%3Doff";
+    // A plain write on such a session commits without waiting: the log can tell.
+    let control = raw(&format!("{}?application_name=control&{off}", server())).await;
+    control
+        .execute(
+            &format!("INSERT INTO {schema}.data VALUES ('control', 'x')"),
+            &[],
+        )
+        .await
+        .unwrap();
+    // baton on sessions that all have it off.
+    let backend = baton::Backend::connect(&format!("{url}&application_name=durable-baton&{off}"))
+        .await
+        .unwrap_or_else(|error| panic!("synchronous_commit = off is no reason to refuse: {error}"));
+    let election = baton::Election::new(
+        &backend,
+        &conformance::unique("durable"),
+        conformance::config(),
+    )
+    .unwrap();
+    let first = election.campaign("a").await.unwrap();
+    first.guarded_put("/k", "v").await.unwrap();
+    let mut waiter = election.candidacy("b").unwrap();
+    let renewed = format!(
+        "SELECT count(*) FROM {schema}.commit_log WHERE app = 'durable-baton' \
+         AND tbl = 'sessions' AND op = 'UPDATE'"
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while admin
+        .query_one(&renewed, &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(std::time::Instant::now() < until, "no renewal within 5s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A caller's own transaction that fences, on a session with it off.
+    let mut caller = raw(&format!("{}?application_name=fence-caller&{off}", server())).await;
+    let transaction = caller.transaction().await.unwrap();
+    baton::postgres::fence(&transaction, &schema, "resource", first.token())
+        .await
+        .unwrap();
+    transaction.commit().await.unwrap();
+    first.resign().await;
+    let second = waiter.next().await.unwrap();
+    second.resign().await;
+    drop(waiter);
+    backend.close().await;
+    let rows = admin
+        .query(
+            &format!(
+                "SELECT app, tbl, op, setting, count(*) FROM {schema}.commit_log \
+                 GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let log: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            let field = |i| row.get::<_, String>(i);
+            format!("{} {} {} {}", field(0), field(1), field(2), field(3))
+        })
+        .collect();
+    assert!(
+        log.contains(&"control data INSERT off".to_string()),
+        "{log:?}"
+    );
+    assert!(
+        log.contains(&"fence-caller fences INSERT on".to_string()),
+        "{log:?}"
+    );
+    for written in [
+        "sessions INSERT",
+        "sessions UPDATE",
+        "sessions DELETE",
+        "elections INSERT",
+        "elections UPDATE",
+        "entries INSERT",
+        "entries DELETE",
+        "data INSERT",
+    ] {
+        let line = format!("durable-baton {written} on");
+        assert!(log.contains(&line), "no {line:?} in {log:?}");
+    }
+    let ours = log.iter().filter(|line| !line.starts_with("control"));
+    assert!(ours.clone().all(|line| line.ends_with(" on")), "{log:?}");
+}
+
+/// A schema an earlier release made has a `fence()` that left the caller's
+/// `synchronous_commit` as it was: connecting as its owner replaces it by this release's, and a
+/// role that may not replace it (a read-only one) still connects, leaving it as it is.
+#[tokio::test]
+async fn an_earlier_releases_fence_is_replaced_by_its_owner() {
+    let schema = format!("old_fence_{}", std::process::id());
+    let url = format!("{}?schema={schema}", server());
+    baton::Backend::connect(&url).await.unwrap().close().await;
+    let admin = raw(&server()).await;
+    // The fence() of the releases before this one.
+    admin
+        .batch_execute(&format!(
+            "CREATE OR REPLACE FUNCTION {schema}.fence(resource text, token bigint) \
+             RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+             INSERT INTO {schema}.fences AS f (resource, token) VALUES (resource, token) \
+             ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE SET token = EXCLUDED.token \
+             WHERE f.token <= EXCLUDED.token; \
+             IF NOT FOUND THEN RAISE EXCEPTION 'baton: stale fencing token % for %', \
+             token, resource USING ERRCODE = 'BT001'; END IF; END $$; \
+             GRANT USAGE ON SCHEMA {schema} TO baton_readonly; \
+             GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO baton_readonly"
+        ))
+        .await
+        .unwrap();
+    let body = format!(
+        "SELECT f.prosrc FROM pg_proc f JOIN pg_namespace n ON n.oid = f.pronamespace \
+         WHERE n.nspname = '{schema}' AND f.proname = 'fence'"
+    );
+    let fence_body = || async {
+        admin
+            .query_one(&body, &[])
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+    };
+    let readonly = server().replace("baton:baton@", "baton_readonly:readonly@");
+    let reader = baton::Backend::connect(&format!("{readonly}?schema={schema}"))
+        .await
+        .unwrap_or_else(|error| panic!("a role that may not replace fence() connects: {error}"));
+    reader.close().await;
+    assert!(!fence_body().await.contains("synchronous_commit"));
+    baton::Backend::connect(&url).await.unwrap().close().await;
+    assert!(fence_body().await.contains("synchronous_commit"));
+    // And it still fences.
+    let client = raw(&server()).await;
+    baton::postgres::fence(&client, &schema, "r", 5)
+        .await
+        .unwrap();
+    match baton::postgres::fence(&client, &schema, "r", 4).await {
+        Err(baton::Error::StaleToken { token: 4, .. }) => {}
+        other => panic!("expected a stale token, got {other:?}"),
+    }
+}
+
 /// Connections of `application_name` `app` open at PostgreSQL.
 async fn connections_of(observer: &tokio_postgres::Client, app: &str) -> i64 {
     observer

@@ -260,12 +260,11 @@ async fn open(target: &Target, notices: Option<mpsc::UnboundedSender<String>>) -
             // reopened) while baton runs must not go unnoticed. It is also the connection's
             // first statement: a pooler in front of a PostgreSQL that does not answer takes
             // the connection, then holds the statement.
-            let settings = "SELECT current_setting('synchronous_commit'), current_setting('fsync')";
+            let settings = "SELECT current_setting('fsync')";
             let row = uncounted("connect", client.query_typed_one(settings, &[]))
                 .await
                 .map_err(|error| unanswered_is_unreachable(&target.label, error))?;
-            let user = target.config.get_user().unwrap_or("baton");
-            check_durability(target, user, row.get(0), row.get(1))?;
+            warn_of_fsync_off(target, row.get(0));
             return Ok(client);
         }
         Err(Some(error)) => error,
@@ -600,9 +599,22 @@ END $$;
 DROP TRIGGER IF EXISTS entry_changed ON {schema}.entries;
 CREATE TRIGGER entry_changed AFTER INSERT OR DELETE ON {schema}.entries
     FOR EACH ROW EXECUTE FUNCTION {schema}.entry_changed();
+{fence}"#,
+        fence = fence_function_sql(schema)
+    )
+}
+
+/// The SQL that creates (or replaces) `<schema>.fence(resource, token)`: it records the token
+/// as the resource's newest or raises [`STALE_TOKEN_SQLSTATE`], and makes the caller's
+/// transaction wait at commit for its record to be durable (see [`DURABLE`]): a fence taken
+/// back by a crash would let an older token in again.
+fn fence_function_sql(schema: &str) -> String {
+    format!(
+        r#"
 CREATE OR REPLACE FUNCTION {schema}.fence(resource text, token bigint) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM {DURABLE};
     INSERT INTO {schema}.fences AS f (resource, token) VALUES (resource, token)
     ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE SET token = EXCLUDED.token
     WHERE f.token <= EXCLUDED.token;
@@ -691,35 +703,30 @@ fn unanswered_is_unreachable(label: &str, error: Error) -> Error {
     }
 }
 
-/// Refuses a session that acknowledges commits before they are durable: with
-/// `synchronous_commit = off` a crash of PostgreSQL alone (no host crash needed) loses the last
-/// commits it acknowledged, renewals and elections among them: a lease comes back shorter than
-/// its holder counts on (two commands at once), and an election's epoch comes back lower (a
-/// token handed out twice). Checked on every connection baton opens. `fsync = off` loses them
-/// only when the host crashes: said as a warning, once.
-fn check_durability(
-    target: &Target,
-    user: &str,
-    synchronous_commit: &str,
-    fsync: &str,
-) -> Result<()> {
-    let label = &target.label;
-    if synchronous_commit == "off" {
-        return Err(Error::Unsupported(format!(
-            "PostgreSQL at {label} acknowledges baton's commits before they are durable \
-             (synchronous_commit = off for role {user}): a crash could take back a renewal or an \
-             election, and two candidates would lead at once; turn it on (ALTER ROLE {user} SET \
-             synchronous_commit = on, and no synchronous_commit in the URL's options)"
-        )));
-    }
+/// A select-list item that makes the transaction it runs in wait at commit until its record
+/// is flushed to disk, whatever the session says: `synchronous_commit` raised from `off` to
+/// `on` until the transaction ends (the other settings all flush locally and stay as they
+/// are). With `off`, a crash of PostgreSQL alone (no host crash needed) loses the last commits
+/// it acknowledged: a lease comes back shorter than its holder counts on (two commands at
+/// once), an election's epoch comes back lower (a token handed out twice). A check at connect
+/// cannot see to it: through PgBouncer every statement may run on another server connection
+/// (whose session another client may have `SET`), and a reload changes the setting of open
+/// sessions. So every statement of baton's that writes returns this through each row it
+/// writes (a statement that writes no row has nothing to lose), and `fence()` runs it first.
+const DURABLE: &str =
+    "set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
+                       WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)";
+
+/// Warns, once per backend, that PostgreSQL runs with `fsync = off`: a crash of its host (not
+/// of PostgreSQL alone) loses commits it acknowledged. Checked on every connection baton opens.
+fn warn_of_fsync_off(target: &Target, fsync: &str) {
     if fsync == "off" && !target.fsync_warned.swap(true, Ordering::Relaxed) {
         tracing::warn!(
-            server = %label,
+            server = %target.label,
             "PostgreSQL runs with fsync = off: a crash of its host could take back renewals \
              and elections it acknowledged, and two candidates would lead at once"
         );
     }
-    Ok(())
 }
 
 impl PgBackend {
@@ -771,11 +778,15 @@ impl PgBackend {
         const OP: &str = "create schema";
         let mut client = self.pool.get().await?;
         // One look, by name (nothing parsed): is the name a reserved word (it would need
-        // quoting everywhere), does the schema exist, do baton's tables?
+        // quoting everywhere), does the schema exist, do baton's tables, is its fence() one
+        // of an earlier release (which left the caller's synchronous_commit as it was)?
         let look = "SELECT EXISTS (SELECT 1 FROM pg_get_keywords() WHERE word = $1 \
                     AND catcode <> 'U'), EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1), \
                     EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = \
-                    c.relnamespace WHERE n.nspname = $1 AND c.relname = 'meta')";
+                    c.relnamespace WHERE n.nspname = $1 AND c.relname = 'meta'), \
+                    EXISTS (SELECT 1 FROM pg_proc f JOIN pg_namespace n ON n.oid = \
+                    f.pronamespace WHERE n.nspname = $1 AND f.proname = 'fence' \
+                    AND f.prosrc NOT LIKE '%synchronous_commit%')";
         // The connect's first statement of its own: no answer is an unreachable backend.
         let row = bounded(
             &self.stats,
@@ -790,17 +801,11 @@ impl PgBackend {
                 reason: "a word PostgreSQL reserves; choose another schema name".into(),
             });
         }
+        if row.get::<_, bool>(2) && row.get::<_, bool>(3) {
+            self.upgrade_fence(&mut client).await;
+        }
         if !row.get::<_, bool>(2) {
-            let transaction = bounded(&self.stats, OP, client.transaction()).await?;
-            bounded(
-                &self.stats,
-                OP,
-                transaction.execute_typed(
-                    "SELECT pg_advisory_xact_lock(hashtext('baton schema'))",
-                    &[],
-                ),
-            )
-            .await?;
+            let transaction = self.schema_lock(&mut client, OP).await?;
             // Again under the lock: another first use may have created them meanwhile.
             let row = bounded(
                 &self.stats,
@@ -852,6 +857,45 @@ impl PgBackend {
                 "schema {} has baton's layout version {other:?}; this release knows {}",
                 self.schema, SCHEMA_VERSION
             ))),
+        }
+    }
+
+    /// Begins a transaction that holds the lock under which baton's schemas are created and
+    /// changed (so that concurrent first uses do not collide).
+    async fn schema_lock<'c>(
+        &self,
+        client: &'c mut Client,
+        op: &'static str,
+    ) -> Result<tokio_postgres::Transaction<'c>> {
+        let transaction = bounded(&self.stats, op, client.transaction()).await?;
+        let lock = "SELECT pg_advisory_xact_lock(hashtext('baton schema'))";
+        bounded(&self.stats, op, transaction.execute_typed(lock, &[])).await?;
+        Ok(transaction)
+    }
+
+    /// Replaces the `fence()` of a schema an earlier release made, which left the caller's
+    /// `synchronous_commit` as it was, by this release's (see [`fence_function_sql`]); the
+    /// layout is the same, so earlier releases still use the schema. A role that may not
+    /// replace it (not its owner) is told so in a warning: fences then stay as durable as the
+    /// caller's transaction makes them.
+    async fn upgrade_fence(&self, client: &mut Client) {
+        const OP: &str = "upgrade fence()";
+        let upgraded = async {
+            let transaction = self.schema_lock(client, OP).await?;
+            let sql = fence_function_sql(&self.schema);
+            bounded(&self.stats, OP, transaction.batch_execute(&sql)).await?;
+            bounded(&self.stats, OP, transaction.commit()).await
+        }
+        .await;
+        if let Err(error) = upgraded {
+            tracing::warn!(
+                schema = %self.schema,
+                "cannot replace {}.fence() by this release's, which makes a transaction that \
+                 fences wait for its commit to be durable ({error}): a transaction with \
+                 synchronous_commit = off that fences could lose its fence in a crash; let \
+                 the function's owner connect once",
+                self.schema
+            );
         }
     }
 
@@ -975,7 +1019,7 @@ impl PgBackend {
     /// Deletes the sessions whose time is up (their entries go with them, notifying).
     async fn clean_up(&self, client: &Client) -> Result<()> {
         let sql = format!(
-            "DELETE FROM {}.sessions WHERE expires_at <= clock_timestamp()",
+            "DELETE FROM {}.sessions WHERE expires_at <= clock_timestamp() RETURNING {DURABLE}",
             self.schema
         );
         bounded(
@@ -1175,7 +1219,7 @@ impl LeaseTransport for PgLeaseTransport {
         let sql = format!(
             "INSERT INTO {}.sessions (ttl, expires_at) VALUES \
              (make_interval(secs => $1), clock_timestamp() + make_interval(secs => $1)) \
-             RETURNING id, key",
+             RETURNING id, key, {DURABLE}",
             self.schema
         );
         let seconds = ttl.as_secs_f64();
@@ -1218,7 +1262,7 @@ impl LeaseTransport for PgLeaseTransport {
 
     async fn revoke(&mut self) -> Result<()> {
         let sql = format!(
-            "DELETE FROM {}.sessions WHERE id = $1 AND key = $2",
+            "DELETE FROM {}.sessions WHERE id = $1 AND key = $2 RETURNING {DURABLE}",
             self.schema
         );
         let (id, key) = (self.id, self.key);
@@ -1264,7 +1308,7 @@ async fn renew_worker(
     let sql = format!(
         "UPDATE {schema}.sessions SET expires_at = clock_timestamp() + ttl \
          WHERE id = $1 AND key = $2 AND expires_at > clock_timestamp() \
-         RETURNING extract(epoch FROM ttl)::float8"
+         RETURNING extract(epoch FROM ttl)::float8, {DURABLE}"
     );
     while sends.recv().await.is_some() {
         if answers.is_closed() {
@@ -1373,7 +1417,8 @@ impl Queue for PgBackend {
              ON CONFLICT (name) DO UPDATE SET epoch = el.epoch + 1 RETURNING epoch) \
              INSERT INTO {s}.entries (election, position, name, candidate, value, session) \
              SELECT $1, e.epoch, $2, $3, $4, $5 FROM e WHERE EXISTS (SELECT 1 FROM {s}.sessions \
-             WHERE id = $5 AND key = $6 AND expires_at > clock_timestamp()) RETURNING position"
+             WHERE id = $5 AND key = $6 AND expires_at > clock_timestamp()) \
+             RETURNING position, {DURABLE}"
         );
         let holders = format!(
             "SELECT e.position, e.name, e.session, ss.expires_at > clock_timestamp() \
@@ -1571,7 +1616,8 @@ impl Queue for PgBackend {
 
     async fn delete(&self, _entrant: &PlainEntrant, entry: &PgEntry, own: Position) -> Result<()> {
         let sql = format!(
-            "DELETE FROM {}.entries WHERE election = $1 AND position = $2 AND name = $3",
+            "DELETE FROM {}.entries WHERE election = $1 AND position = $2 AND name = $3 \
+             RETURNING {DURABLE}",
             self.schema
         );
         let position = own.0 as i64;
@@ -1593,7 +1639,8 @@ impl Queue for PgBackend {
         lease: &PgLease,
     ) -> Result<()> {
         let sql = format!(
-            "DELETE FROM {}.entries WHERE election = $1 AND name = $2 AND session = $3",
+            "DELETE FROM {}.entries WHERE election = $1 AND name = $2 AND session = $3 \
+             RETURNING {DURABLE}",
             self.schema
         );
         let client = self.pool.get().await?;
@@ -1733,7 +1780,9 @@ impl WatchLooks {
         };
         if row.get::<_, f64>(0) <= 0.0 {
             // Its session's time is up: remove it (and its entries), then look again.
-            let clean = format!("DELETE FROM {s}.sessions WHERE expires_at <= clock_timestamp()");
+            let clean = format!(
+                "DELETE FROM {s}.sessions WHERE expires_at <= clock_timestamp() RETURNING {DURABLE}"
+            );
             bounded(
                 &self.stats,
                 "remove expired sessions",
@@ -1812,8 +1861,9 @@ async fn run_fenced(
     let work = async {
         let transaction = bounded(stats, "fenced transaction", client.transaction()).await?;
         let leads = format!(
-            "SELECT 1 FROM {schema}.entries e JOIN {schema}.sessions ss ON ss.id = e.session \
-             WHERE e.election = $1 AND e.position = $2 AND ss.expires_at > clock_timestamp() \
+            "SELECT {DURABLE} FROM {schema}.entries e JOIN {schema}.sessions ss \
+             ON ss.id = e.session WHERE e.election = $1 AND e.position = $2 \
+             AND ss.expires_at > clock_timestamp() \
              AND NOT EXISTS (SELECT 1 FROM {schema}.entries o WHERE o.election = $1 \
              AND o.position < $2) FOR UPDATE OF e"
         );
