@@ -162,6 +162,7 @@ async fn a_chroot_baton_may_not_create_is_reported_by_the_first_campaign() {
             .expect_err(parent);
         let message = error.to_string();
         assert!(message.contains(why), "{parent}: {message}");
+        assert!(message.contains(&format!("{parent}/chroot")), "{message}");
         assert!(!message.contains('\n'), "{message}");
         assert!(
             client.list_children(parent).await.unwrap().is_empty(),

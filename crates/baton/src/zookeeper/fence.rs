@@ -322,9 +322,7 @@ impl ZkFencer {
                     if let Some(Some(key)) = ops.get(index) {
                         let path = self.path(key);
                         if let Some((parent, _)) = path.rsplit_once('/') {
-                            ask(&self.stats, left(), OP, mkdir_or_exists(&client, parent))
-                                .await?
-                                .map_err(|error| zk_error(OP, error))?;
+                            mkdir_or_exists(&self.stats, left(), OP, &client, parent).await?;
                         }
                     }
                     continue;

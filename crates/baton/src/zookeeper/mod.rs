@@ -787,9 +787,34 @@ async fn refusal(endpoints: &[String]) -> Option<String> {
     }
 }
 
-/// `mkdir -p path` (persistent nodes).
-async fn mkdir_or_exists(client: &zk::Client, path: &str) -> std::result::Result<(), zk::Error> {
-    client.mkdir(path, &PERSISTENT).await
+/// `mkdir -p path` (persistent nodes). A refusal names the path: under a chroot baton may not
+/// create (an ACL, an ephemeral znode above it) the step alone would not say where.
+async fn mkdir_or_exists(
+    stats: &Stats,
+    within: Duration,
+    operation: &'static str,
+    client: &zk::Client,
+    path: &str,
+) -> Result<()> {
+    match ask(stats, within, operation, client.mkdir(path, &PERSISTENT)).await? {
+        Ok(()) => Ok(()),
+        Err(error) => Err(match zk_error(operation, error) {
+            Error::Backend {
+                backend,
+                operation,
+                detail,
+                retryable,
+                source,
+            } => Error::Backend {
+                backend,
+                operation,
+                detail: format!("cannot create {path} (or a znode above it): {detail}"),
+                retryable,
+                source,
+            },
+            other => other,
+        }),
+    }
 }
 
 /// A znode name for an election name or candidate id: `/` and `%`, and characters ZooKeeper

@@ -219,7 +219,7 @@ impl Queue for ZkBackend {
                 }) => {
                     // The election's folders do not exist yet.
                     for dir in [&*entrant.dir, &*entrant.ids_dir] {
-                        request(&self.stats, CREATE, mkdir_or_exists(&client, dir)).await?;
+                        mkdir_or_exists(&self.stats, REQUEST_TIMEOUT, CREATE, &client, dir).await?;
                     }
                 }
                 Err(zk::MultiWriteError::OperationFailed {
