@@ -1037,8 +1037,15 @@ impl<Q: Queue> CandidateDriver<Q> {
                 token: self.created_position.token(),
                 highest: self.core.highest_reached().unwrap_or_default(),
             };
-            tracing::warn!(election = %self.election, %error, "candidacy ended");
-            let _ = self.leaderships.try_send(Box::new(Err(error)));
+            // Said here only when the caller cannot hear it (the candidacy was dropped): a
+            // caller that reads it (`baton run` prints it) would otherwise see it twice.
+            if let Err(unheard) = self.leaderships.try_send(Box::new(Err(error))) {
+                let (mpsc::error::TrySendError::Full(error)
+                | mpsc::error::TrySendError::Closed(error)) = unheard;
+                if let Err(error) = *error {
+                    tracing::warn!(election = %self.election, %error, "candidacy ended");
+                }
+            }
         } else if !was_leading && !self.config.requeue {
             let _ = self
                 .leaderships
