@@ -216,9 +216,7 @@ fn main() -> ExitCode {
                 .with_default(level)
                 .with_target("openraft", tracing::level_filters::LevelFilter::OFF),
         )
-        .with(tracing_subscriber::filter::filter_fn(|meta| {
-            !meta.target().starts_with("zookeeper_client") || CONNECTED.load(Ordering::Relaxed)
-        }));
+        .with(zookeeper_notes_once(&CONNECTED));
     let _ = tracing::subscriber::set_global_default(subscriber);
     let command = match cli.command {
         Command::Server(args) => {
@@ -408,6 +406,25 @@ pub async fn connect(backend_url: &str) -> anyhow::Result<Backend> {
 /// A backend has been connected: the ZooKeeper client's notes are shown from now on.
 static CONNECTED: AtomicBool = AtomicBool::new(false);
 
+/// Lets the ZooKeeper client's notes through only once `connected` is set; everything else
+/// always. Asked at every note, not once per place in its code: a note first made while
+/// connecting (a member refusing the session, say) must still show when it comes again later.
+fn zookeeper_notes_once<S: tracing::Subscriber>(
+    connected: &'static AtomicBool,
+) -> impl tracing_subscriber::Layer<S> {
+    let zookeeper = |meta: &tracing::Metadata<'_>| meta.target().starts_with("zookeeper_client");
+    tracing_subscriber::filter::dynamic_filter_fn(move |meta, _| {
+        !zookeeper(meta) || connected.load(Ordering::Relaxed)
+    })
+    .with_callsite_filter(move |meta| {
+        if zookeeper(meta) {
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            tracing::subscriber::Interest::always()
+        }
+    })
+}
+
 /// The config used only to look at an election (validated, never campaigned with).
 fn inspect_config() -> ElectionConfig {
     ElectionConfig::default().with_ttl(Duration::from_secs(10))
@@ -556,6 +573,47 @@ fn join_negative_values(args: Vec<OsString>) -> Vec<OsString> {
 
 #[cfg(test)]
 mod tests {
+    /// A ZooKeeper note from one place in its code, made before the backend is connected and
+    /// again after: only the second shows (a filter asked once per place hid both).
+    #[test]
+    fn zookeeper_notes_show_once_connected_even_from_a_place_seen_before() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        use tracing_subscriber::layer::SubscriberExt;
+        struct Count(Arc<AtomicUsize>);
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Count {
+            fn on_event(
+                &self,
+                _: &tracing::Event<'_>,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        static CONNECTED: AtomicBool = AtomicBool::new(false);
+        let notes = Arc::new(AtomicUsize::new(0));
+        let others = Arc::new(AtomicUsize::new(0));
+        let subscriber = tracing_subscriber::registry()
+            .with(super::zookeeper_notes_once(&CONNECTED))
+            .with(Count(notes.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            for connected in [false, true] {
+                CONNECTED.store(connected, Ordering::SeqCst);
+                tracing::warn!(target: "zookeeper_client::session", "a note");
+            }
+        });
+        assert_eq!(notes.load(Ordering::SeqCst), 1);
+        // Everything else shows before and after.
+        CONNECTED.store(false, Ordering::SeqCst);
+        let subscriber = tracing_subscriber::registry()
+            .with(super::zookeeper_notes_once(&CONNECTED))
+            .with(Count(others.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "baton::driver", "a warning");
+        });
+        assert_eq!(others.load(Ordering::SeqCst), 1);
+    }
+
     use super::{join_negative_values, printable};
     use std::ffi::OsString;
 
