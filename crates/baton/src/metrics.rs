@@ -155,7 +155,8 @@ impl DeadlineGauges {
         }
     }
 
-    /// A term of `election` begins: `is_leader` has been moved up for it.
+    /// A term of `election` begins: `is_leader` is moved up for it, unless the lease is over
+    /// already (a scrape between an up and a down would show a leader that never was).
     fn register(&self, election: &str, is_leader: ::metrics::Gauge) -> u64 {
         let time_left = ::metrics::gauge!(DEADLINE_REMAINING, "election" => election.to_string());
         let nanos = self.remaining_nanos.load(Ordering::Relaxed);
@@ -163,9 +164,9 @@ impl DeadlineGauges {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let mut gauges = self.gauges.lock().unwrap_or_else(|e| e.into_inner());
         let is_leader = if self.over.load(Ordering::Relaxed) {
-            is_leader.decrement(1.0);
             None
         } else {
+            is_leader.increment(1.0);
             Some(is_leader)
         };
         gauges.insert(
@@ -215,7 +216,6 @@ impl Term {
         ::metrics::counter!(LEADERSHIP_TRANSITIONS, "election" => election.to_string())
             .increment(1);
         let is_leader = ::metrics::gauge!(IS_LEADER, "election" => election.to_string());
-        is_leader.increment(1.0);
         let deadline_id = deadline.register(election, is_leader);
         Term {
             deadline: deadline.clone(),
@@ -233,6 +233,34 @@ impl Drop for Term {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `baton_is_leader` moves up once for a term and down once when its lease ends; a term
+    /// registered under a lease already over never moves it at all.
+    #[test]
+    fn a_term_under_a_lease_already_over_never_counts_as_leading() {
+        #[derive(Default)]
+        struct Moves(Mutex<Vec<f64>>);
+        impl ::metrics::GaugeFn for Moves {
+            fn increment(&self, value: f64) {
+                self.0.lock().unwrap().push(value);
+            }
+            fn decrement(&self, value: f64) {
+                self.0.lock().unwrap().push(-value);
+            }
+            fn set(&self, _: f64) {}
+        }
+        let moves = Arc::new(Moves::default());
+        let gauge = || ::metrics::Gauge::from_arc(moves.clone());
+        let gauges = DeadlineGauges::default();
+        let term = gauges.register("e", gauge());
+        gauges.over();
+        gauges.unregister(term);
+        assert_eq!(*moves.0.lock().unwrap(), vec![1.0, -1.0]);
+        moves.0.lock().unwrap().clear();
+        let late = gauges.register("e", gauge());
+        gauges.unregister(late);
+        assert_eq!(*moves.0.lock().unwrap(), Vec::<f64>::new());
+    }
 
     #[test]
     fn reasons_are_snake_case() {
