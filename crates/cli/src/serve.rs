@@ -118,9 +118,15 @@ impl Endpoint {
 #[derive(Debug, Clone)]
 pub struct Terms {
     election: String,
-    current: Arc<Mutex<Option<LeaseHealth>>>,
+    health: Arc<Mutex<Health>>,
+}
+
+#[derive(Debug, Default)]
+struct Health {
+    /// The lease of the term now running, if any.
+    term: Option<LeaseHealth>,
     /// Why this process is on its way out after a term ended badly (no campaign follows).
-    exiting: Arc<Mutex<Option<String>>>,
+    exiting: Option<String>,
 }
 
 impl Terms {
@@ -130,8 +136,7 @@ impl Terms {
         metrics::counter!(TERMS, "election" => election.to_string()).increment(0);
         Terms {
             election: election.to_string(),
-            current: Arc::default(),
-            exiting: Arc::default(),
+            health: Arc::default(),
         }
     }
 
@@ -139,13 +144,13 @@ impl Terms {
     /// with the backend away) and exits. `/healthz` says so from now on: `200 ok` would tell a
     /// probe that all is well with a process about to exit with code 3.
     pub fn exiting(&self, why: String) {
-        *self.exiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+        self.lock().exiting = Some(why);
     }
 
     /// CMD was started under `leadership`. The term lasts until the returned value is dropped,
     /// which the supervisor does once nothing of the command can run any more.
     pub fn begin(&self, leadership: &Leadership) -> Term {
-        *self.lock() = Some(leadership.lease_health());
+        self.lock().term = Some(leadership.lease_health());
         metrics::counter!(TERMS, "election" => self.election.clone()).increment(1);
         metrics::gauge!(COMMAND_RUNNING, "election" => self.election.clone()).set(1.0);
         Term {
@@ -153,16 +158,17 @@ impl Terms {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<LeaseHealth>> {
-        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// `/healthz`: see [`check`].
     fn health(&self) -> Result<(), String> {
-        if let Some(why) = &*self.exiting.lock().unwrap_or_else(|e| e.into_inner()) {
-            return Err(why.clone());
+        let health = self.lock();
+        match &health.exiting {
+            Some(why) => Err(why.clone()),
+            None => check(health.term.as_ref()),
         }
-        check(self.lock().as_ref())
     }
 }
 
@@ -174,7 +180,7 @@ pub struct Term {
 
 impl Drop for Term {
     fn drop(&mut self) {
-        *self.terms.lock() = None;
+        self.terms.lock().term = None;
         metrics::gauge!(COMMAND_RUNNING, "election" => self.terms.election.clone()).set(0.0);
     }
 }
