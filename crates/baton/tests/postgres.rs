@@ -625,33 +625,59 @@ async fn commits_wait_for_the_flush_whatever_the_session_says() {
     let first = election.campaign("a").await.unwrap();
     first.guarded_put("/k", "v").await.unwrap();
     let mut waiter = election.candidacy("b").unwrap();
-    let renewed = format!(
-        "SELECT count(*) FROM {schema}.commit_log WHERE app = 'durable-baton' \
-         AND tbl = 'sessions' AND op = 'UPDATE'"
-    );
-    let until = std::time::Instant::now() + Duration::from_secs(5);
-    while admin
-        .query_one(&renewed, &[])
-        .await
-        .unwrap()
-        .get::<_, i64>(0)
-        == 0
-    {
-        assert!(std::time::Instant::now() < until, "no renewal within 5s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // A caller's own transaction that fences, on a session with it off.
+    // Waits (at most 5 s) until baton has committed a change `op` of `sessions`.
+    let logged = |op: &'static str| {
+        let sql = format!(
+            "SELECT count(*) FROM {schema}.commit_log WHERE app = 'durable-baton' \
+             AND tbl = 'sessions' AND op = '{op}'"
+        );
+        let admin = &admin;
+        async move {
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            while admin.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0) == 0 {
+                assert!(std::time::Instant::now() < until, "no {op} within 5s");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    logged("UPDATE").await;
+    // A caller's own transaction that fences, on a session with it off: plain, then turning
+    // it off again after the fence, then through a function whose `SET` clause puts the
+    // session's setting back when it returns.
     let mut caller = raw(&format!("{}?application_name=fence-caller&{off}", server())).await;
     let transaction = caller.transaction().await.unwrap();
     baton::postgres::fence(&transaction, &schema, "resource", first.token())
         .await
         .unwrap();
     transaction.commit().await.unwrap();
+    let transaction = caller.transaction().await.unwrap();
+    baton::postgres::fence(&transaction, &schema, "set-local", first.token())
+        .await
+        .unwrap();
+    transaction
+        .batch_execute(
+            "SET LOCAL synchronous_commit = off; SET LOCAL application_name = 'set-local'",
+        )
+        .await
+        .unwrap();
+    transaction.commit().await.unwrap();
+    caller
+        .batch_execute(&format!(
+            "CREATE FUNCTION {schema}.wrapped(r text, t bigint) RETURNS void LANGUAGE plpgsql \
+             SET synchronous_commit = on AS $$ BEGIN PERFORM {schema}.fence(r, t); END $$; \
+             BEGIN; SET LOCAL application_name = 'wrapped'; \
+             SELECT {schema}.wrapped('wrapped', {}); COMMIT;",
+            first.token()
+        ))
+        .await
+        .unwrap();
     first.resign().await;
     let second = waiter.next().await.unwrap();
     second.resign().await;
     drop(waiter);
     backend.close().await;
+    // The sessions are revoked, maybe after close returns.
+    logged("DELETE").await;
     let rows = admin
         .query(
             &format!(
@@ -673,10 +699,10 @@ async fn commits_wait_for_the_flush_whatever_the_session_says() {
         log.contains(&"control data INSERT off".to_string()),
         "{log:?}"
     );
-    assert!(
-        log.contains(&"fence-caller fences INSERT on".to_string()),
-        "{log:?}"
-    );
+    for caller in ["fence-caller", "set-local", "wrapped"] {
+        let line = format!("{caller} fences INSERT on");
+        assert!(log.contains(&line), "no {line:?} in {log:?}");
+    }
     for written in [
         "sessions INSERT",
         "sessions UPDATE",
@@ -694,49 +720,43 @@ async fn commits_wait_for_the_flush_whatever_the_session_says() {
     assert!(ours.clone().all(|line| line.ends_with(" on")), "{log:?}");
 }
 
-/// A schema an earlier release made has a `fence()` that left the caller's
-/// `synchronous_commit` as it was: connecting as its owner replaces it by this release's, and a
-/// role that may not replace it (a read-only one) still connects, leaving it as it is.
+/// A schema an earlier release made has no `fence_durable` trigger on `fences`: connecting as
+/// the table's owner adds it, and changes nothing else (a `fence()` its admin made a security
+/// definer stays one); a role that may not add it (a read-only one) still connects.
 #[tokio::test]
-async fn an_earlier_releases_fence_is_replaced_by_its_owner() {
-    let schema = format!("old_fence_{}", std::process::id());
+async fn an_earlier_releases_fences_get_their_trigger_from_the_owner() {
+    let schema = format!("old_fences_{}", std::process::id());
     let url = format!("{}?schema={schema}", server());
     baton::Backend::connect(&url).await.unwrap().close().await;
     let admin = raw(&server()).await;
-    // The fence() of the releases before this one.
     admin
         .batch_execute(&format!(
-            "CREATE OR REPLACE FUNCTION {schema}.fence(resource text, token bigint) \
-             RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
-             INSERT INTO {schema}.fences AS f (resource, token) VALUES (resource, token) \
-             ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE SET token = EXCLUDED.token \
-             WHERE f.token <= EXCLUDED.token; \
-             IF NOT FOUND THEN RAISE EXCEPTION 'baton: stale fencing token % for %', \
-             token, resource USING ERRCODE = 'BT001'; END IF; END $$; \
+            "DROP TRIGGER fence_durable ON {schema}.fences; \
+             ALTER FUNCTION {schema}.fence(text, bigint) SECURITY DEFINER; \
              GRANT USAGE ON SCHEMA {schema} TO baton_readonly; \
              GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO baton_readonly"
         ))
         .await
         .unwrap();
-    let body = format!(
-        "SELECT f.prosrc FROM pg_proc f JOIN pg_namespace n ON n.oid = f.pronamespace \
-         WHERE n.nspname = '{schema}' AND f.proname = 'fence'"
+    let look = format!(
+        "SELECT EXISTS (SELECT 1 FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
+         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '{schema}' \
+         AND c.relname = 'fences' AND t.tgname = 'fence_durable'), \
+         (SELECT f.prosecdef FROM pg_proc f JOIN pg_namespace n ON n.oid = f.pronamespace \
+         WHERE n.nspname = '{schema}' AND f.proname = 'fence')"
     );
-    let fence_body = || async {
-        admin
-            .query_one(&body, &[])
-            .await
-            .unwrap()
-            .get::<_, String>(0)
+    let state = || async {
+        let row = admin.query_one(&look, &[]).await.unwrap();
+        (row.get::<_, bool>(0), row.get::<_, bool>(1))
     };
     let readonly = server().replace("baton:baton@", "baton_readonly:readonly@");
     let reader = baton::Backend::connect(&format!("{readonly}?schema={schema}"))
         .await
-        .unwrap_or_else(|error| panic!("a role that may not replace fence() connects: {error}"));
+        .unwrap_or_else(|error| panic!("a role that may not add the trigger connects: {error}"));
     reader.close().await;
-    assert!(!fence_body().await.contains("synchronous_commit"));
+    assert_eq!(state().await, (false, true));
     baton::Backend::connect(&url).await.unwrap().close().await;
-    assert!(fence_body().await.contains("synchronous_commit"));
+    assert_eq!(state().await, (true, true));
     // And it still fences.
     let client = raw(&server()).await;
     baton::postgres::fence(&client, &schema, "r", 5)

@@ -599,22 +599,9 @@ END $$;
 DROP TRIGGER IF EXISTS entry_changed ON {schema}.entries;
 CREATE TRIGGER entry_changed AFTER INSERT OR DELETE ON {schema}.entries
     FOR EACH ROW EXECUTE FUNCTION {schema}.entry_changed();
-{fence}"#,
-        fence = fence_function_sql(schema)
-    )
-}
-
-/// The SQL that creates (or replaces) `<schema>.fence(resource, token)`: it records the token
-/// as the resource's newest or raises [`STALE_TOKEN_SQLSTATE`], and makes the caller's
-/// transaction wait at commit for its record to be durable (see [`DURABLE`]): a fence taken
-/// back by a crash would let an older token in again.
-fn fence_function_sql(schema: &str) -> String {
-    format!(
-        r#"
 CREATE OR REPLACE FUNCTION {schema}.fence(resource text, token bigint) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM {DURABLE};
     INSERT INTO {schema}.fences AS f (resource, token) VALUES (resource, token)
     ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE SET token = EXCLUDED.token
     WHERE f.token <= EXCLUDED.token;
@@ -623,6 +610,28 @@ BEGIN
             USING ERRCODE = 'BT001';
     END IF;
 END $$;
+{durable}"#,
+        durable = fence_durable_sql(schema)
+    )
+}
+
+/// The SQL that makes every transaction that writes a fence (`fence()` in the caller's own
+/// transaction) wait at commit for its record to be on disk (see [`DURABLE`]): a fence a crash
+/// takes back lets an older token in again. A deferred trigger, so that it runs at commit,
+/// after everything the transaction did: a `SET LOCAL synchronous_commit = off` after the
+/// fence, or a function with a `SET synchronous_commit` clause around `fence()` (which puts
+/// the session's setting back when it returns), cannot undo it.
+fn fence_durable_sql(schema: &str) -> String {
+    format!(
+        r#"
+CREATE OR REPLACE FUNCTION {schema}.fence_durable() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {DURABLE};
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS fence_durable ON {schema}.fences;
+CREATE CONSTRAINT TRIGGER fence_durable AFTER INSERT OR UPDATE ON {schema}.fences
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.fence_durable();
 "#
     )
 }
@@ -712,7 +721,9 @@ fn unanswered_is_unreachable(label: &str, error: Error) -> Error {
 /// cannot see to it: through PgBouncer every statement may run on another server connection
 /// (whose session another client may have `SET`), and a reload changes the setting of open
 /// sessions. So every statement of baton's that writes returns this through each row it
-/// writes (a statement that writes no row has nothing to lose), and `fence()` runs it first.
+/// writes (a statement that writes no row has nothing to lose; the campaign's epoch bump
+/// returns it from its own `WITH`, which runs even when the entry is not made), and a
+/// deferred trigger runs it for the caller's transactions that fence ([`fence_durable_sql`]).
 const DURABLE: &str =
     "set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
                        WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)";
@@ -778,15 +789,19 @@ impl PgBackend {
         const OP: &str = "create schema";
         let mut client = self.pool.get().await?;
         // One look, by name (nothing parsed): is the name a reserved word (it would need
-        // quoting everywhere), does the schema exist, do baton's tables, is its fence() one
-        // of an earlier release (which left the caller's synchronous_commit as it was)?
-        let look = "SELECT EXISTS (SELECT 1 FROM pg_get_keywords() WHERE word = $1 \
+        // quoting everywhere), does the schema exist, do baton's tables; and, for a schema an
+        // earlier release made, does `fences` lack its `fence_durable` trigger, may we add
+        // it (we own the table), may we fence at all?
+        let look = "WITH f AS (SELECT c.oid, c.relowner FROM pg_class c JOIN pg_namespace n \
+                    ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = 'fences') \
+                    SELECT EXISTS (SELECT 1 FROM pg_get_keywords() WHERE word = $1 \
                     AND catcode <> 'U'), EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1), \
                     EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = \
                     c.relnamespace WHERE n.nspname = $1 AND c.relname = 'meta'), \
-                    EXISTS (SELECT 1 FROM pg_proc f JOIN pg_namespace n ON n.oid = \
-                    f.pronamespace WHERE n.nspname = $1 AND f.proname = 'fence' \
-                    AND f.prosrc NOT LIKE '%synchronous_commit%')";
+                    EXISTS (SELECT 1 FROM f WHERE NOT EXISTS (SELECT 1 FROM pg_trigger t \
+                    WHERE t.tgrelid = f.oid AND t.tgname = 'fence_durable')), \
+                    EXISTS (SELECT 1 FROM f WHERE pg_has_role(f.relowner, 'MEMBER')), \
+                    EXISTS (SELECT 1 FROM f WHERE has_table_privilege(f.oid, 'INSERT'))";
         // The connect's first statement of its own: no answer is an unreachable backend.
         let row = bounded(
             &self.stats,
@@ -802,7 +817,8 @@ impl PgBackend {
             });
         }
         if row.get::<_, bool>(2) && row.get::<_, bool>(3) {
-            self.upgrade_fence(&mut client).await;
+            self.add_fence_durable(&mut client, row.get(4), row.get(5))
+                .await;
         }
         if !row.get::<_, bool>(2) {
             let transaction = self.schema_lock(&mut client, OP).await?;
@@ -873,27 +889,43 @@ impl PgBackend {
         Ok(transaction)
     }
 
-    /// Replaces the `fence()` of a schema an earlier release made, which left the caller's
-    /// `synchronous_commit` as it was, by this release's (see [`fence_function_sql`]); the
-    /// layout is the same, so earlier releases still use the schema. A role that may not
-    /// replace it (not its owner) is told so in a warning: fences then stay as durable as the
-    /// caller's transaction makes them.
-    async fn upgrade_fence(&self, client: &mut Client) {
-        const OP: &str = "upgrade fence()";
-        let upgraded = async {
+    /// Gives the `fences` of a schema an earlier release made its `fence_durable` trigger (see
+    /// [`fence_durable_sql`]), if we own the table; nothing else of the schema changes, so
+    /// earlier releases still use it. Under a short lock timeout: the trigger's table lock
+    /// waits for transactions that fence, and fences asked for meanwhile would wait behind it.
+    /// A role that may fence but not add it is told so in a warning; one that may not fence
+    /// (a read-only role) has nothing to say.
+    async fn add_fence_durable(&self, client: &mut Client, owner: bool, may_fence: bool) {
+        const OP: &str = "add fence_durable";
+        if !owner {
+            if may_fence {
+                tracing::warn!(
+                    schema = %self.schema,
+                    "{}.fences lacks the trigger this release adds, which makes a transaction \
+                     that fences wait for its commit to be on disk: a session with \
+                     synchronous_commit = off could lose a fence in a crash; let the table's \
+                     owner connect once",
+                    self.schema
+                );
+            }
+            return;
+        }
+        let added = async {
             let transaction = self.schema_lock(client, OP).await?;
-            let sql = fence_function_sql(&self.schema);
+            let sql = format!(
+                "SET LOCAL lock_timeout = '200ms'; {}",
+                fence_durable_sql(&self.schema)
+            );
             bounded(&self.stats, OP, transaction.batch_execute(&sql)).await?;
             bounded(&self.stats, OP, transaction.commit()).await
         }
         .await;
-        if let Err(error) = upgraded {
+        if let Err(error) = added {
             tracing::warn!(
                 schema = %self.schema,
-                "cannot replace {}.fence() by this release's, which makes a transaction that \
-                 fences wait for its commit to be durable ({error}): a transaction with \
-                 synchronous_commit = off that fences could lose its fence in a crash; let \
-                 the function's owner connect once",
+                "cannot add to {}.fences the trigger this release adds, which makes a \
+                 transaction that fences wait for its commit to be on disk ({error}); tried \
+                 again at the next connect",
                 self.schema
             );
         }
@@ -1414,11 +1446,10 @@ impl Queue for PgBackend {
         // entries are numbered in commit order. Only under a live session.
         let insert = format!(
             "WITH e AS (INSERT INTO {s}.elections AS el (name) VALUES ($1) \
-             ON CONFLICT (name) DO UPDATE SET epoch = el.epoch + 1 RETURNING epoch) \
+             ON CONFLICT (name) DO UPDATE SET epoch = el.epoch + 1 RETURNING epoch, {DURABLE}) \
              INSERT INTO {s}.entries (election, position, name, candidate, value, session) \
              SELECT $1, e.epoch, $2, $3, $4, $5 FROM e WHERE EXISTS (SELECT 1 FROM {s}.sessions \
-             WHERE id = $5 AND key = $6 AND expires_at > clock_timestamp()) \
-             RETURNING position, {DURABLE}"
+             WHERE id = $5 AND key = $6 AND expires_at > clock_timestamp()) RETURNING position"
         );
         let holders = format!(
             "SELECT e.position, e.name, e.session, ss.expires_at > clock_timestamp() \
