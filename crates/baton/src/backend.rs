@@ -87,6 +87,8 @@ impl Backend {
     ///
     /// URLs: `etcd://host:port[,host:port]/prefix` (also `baton server`),
     /// `zk://host:port[,host:port]/chroot` (also `zookeeper://`; feature `zookeeper`),
+    /// `postgres://user[:password]@host:port/db?schema=NAME` (also `postgresql://`; feature
+    /// `postgres`),
     /// `memory://NAME` (a store inside this process, for tests: see [`crate::MemoryStore`]).
     pub async fn connect(url: &str) -> Result<Backend> {
         match BackendUrl::parse(url)? {

@@ -13,7 +13,8 @@
 //!    [`Leadership::guarded_put`]).
 //!
 //! The decisions are made by the sans-IO cores in `baton-core`; this crate is the tokio driver
-//! and the backends (etcd v3, feature `etcd`, on by default; ZooKeeper, feature `zookeeper`).
+//! and the backends (etcd v3, feature `etcd`; ZooKeeper, feature `zookeeper`; PostgreSQL,
+//! feature `postgres`; all three on by default).
 //! It never blocks a runtime thread and never reports leadership it does not hold.
 #![warn(missing_docs)]
 

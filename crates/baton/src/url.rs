@@ -1,4 +1,5 @@
 //! Backend URLs: `etcd://host:port[,host:port]/prefix`, `zk://host:port[,host:port]/chroot`,
+//! `postgres://user[:password]@host:port/db?schema=NAME` (also `postgresql://`),
 //! `memory://NAME`.
 
 use crate::error::{Error, Result};

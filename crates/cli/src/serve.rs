@@ -3,11 +3,13 @@
 //! - `GET /metrics`: everything recorded, in Prometheus' text format (the library's metrics,
 //!   see `baton::metrics`, and the supervisor's: [`COMMAND_RUNNING`], [`TERMS`]).
 //! - `GET /healthz`: `200 ok`, or `503` and a one-line reason while this process runs a term
-//!   whose lease is over, or whose renewals have stalled (see [`check`]).
+//!   whose lease is over, or whose renewals have stalled (see [`check`]), and once a lost term
+//!   ends the run (see [`Terms::exiting`]).
 //! - `GET /leader`: the leader as this process's observer last saw it, as `baton leader`
 //!   prints it.
 //!
-//! Anything else is `404`; a request that is not HTTP/1.x is `400`. One request per
+//! Another method on these paths is `405` (`HEAD` is answered as `GET`, without the body),
+//! anything else is `404`; a request that is not HTTP/1.x is `400`. One request per
 //! connection, with a bounded head and a read timeout, and a bounded number of connections at
 //! once: the server shares the supervisor's single runtime thread, so it never blocks and
 //! never lets a client hold on to work.

@@ -3,7 +3,8 @@
 //!
 //! The state machine is not persisted entry by entry: the log is (see [`crate::log_store`]), and
 //! a snapshot of the whole store is written to `DIR/snapshot` every
-//! [`crate::ServerConfig::snapshot_every`] entries. After a restart the store is the last
+//! [`crate::ServerConfig::snapshot_every`] entries, and whenever the log grows past a quarter
+//! of the quota. After a restart the store is the last
 //! snapshot plus the committed log entries openraft applies again.
 
 use std::io::{self, Cursor, Write as _};

@@ -616,7 +616,7 @@ fn range_is_empty(key: &[u8], range_end: &[u8]) -> bool {
     !range_end.is_empty() && range_end != [0] && key >= range_end
 }
 
-/// Past events, one response per revision at most [`HISTORY_BATCH`] events long.
+/// Past events, one response per revision at most `HISTORY_BATCH` (1,000) events long.
 fn send_history(
     sink: &StreamSink,
     header: &ResponseHeader,

@@ -5,8 +5,9 @@
 //! and registers for live events under that lock too, so no revision is missed or seen twice.
 //!
 //! Each gRPC watch stream has one outgoing queue (a [`StreamSink`]). The queue is bounded by
-//! count: a watcher whose stream has more than [`MAX_QUEUED`] responses waiting (a client that
-//! stopped reading) is cancelled with a reason instead of growing the server's memory.
+//! count and by bytes: a watcher whose stream has more than [`MAX_QUEUED`] responses, or more
+//! than [`MAX_QUEUED_BYTES`], waiting (a client that stopped reading) is cancelled with a
+//! reason instead of growing the server's memory.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -111,7 +111,7 @@ const PROBE_WAIT: Duration = Duration::from_secs(30);
 /// they arrive at all; behind a pooler the rest of the wait goes on in the background).
 const PROBE_PATIENCE: Duration = Duration::from_millis(300);
 
-/// Leases are rows with an interval: any TTL from 10 ms, in milliseconds.
+/// Leases are rows with an interval: any TTL from 100 ms, in milliseconds.
 pub(crate) const LIMITS: BackendLimits = BackendLimits {
     min_ttl: Duration::from_millis(100),
     max_ttl: Duration::from_secs(365 * 86_400),
