@@ -722,7 +722,9 @@ async fn commits_wait_for_the_flush_whatever_the_session_says() {
 
 /// A schema an earlier release made has no `fence_durable` trigger on `fences`: connecting as
 /// the table's owner adds it, and changes nothing else (a `fence()` its admin made a security
-/// definer stays one); a role that may not add it (a read-only one) still connects.
+/// definer stays one); a role that may not add it (a read-only one) still connects. One found
+/// disabled is enabled again; with the schema lock busy, connecting does not wait for it and
+/// leaves the trigger to a later connect.
 #[tokio::test]
 async fn an_earlier_releases_fences_get_their_trigger_from_the_owner() {
     let schema = format!("old_fences_{}", std::process::id());
@@ -741,7 +743,7 @@ async fn an_earlier_releases_fences_get_their_trigger_from_the_owner() {
     let look = format!(
         "SELECT EXISTS (SELECT 1 FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
          JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '{schema}' \
-         AND c.relname = 'fences' AND t.tgname = 'fence_durable'), \
+         AND c.relname = 'fences' AND t.tgname = 'fence_durable' AND t.tgenabled = 'A'), \
          (SELECT f.prosecdef FROM pg_proc f JOIN pg_namespace n ON n.oid = f.pronamespace \
          WHERE n.nspname = '{schema}' AND f.proname = 'fence')"
     );
@@ -755,6 +757,40 @@ async fn an_earlier_releases_fences_get_their_trigger_from_the_owner() {
         .unwrap_or_else(|error| panic!("a role that may not add the trigger connects: {error}"));
     reader.close().await;
     assert_eq!(state().await, (false, true));
+    baton::Backend::connect(&url).await.unwrap().close().await;
+    assert_eq!(state().await, (true, true));
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE {schema}.fences DISABLE TRIGGER fence_durable"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(state().await, (false, true));
+    baton::Backend::connect(&url).await.unwrap().close().await;
+    assert_eq!(state().await, (true, true));
+    // Another process holds the schema lock (creating or changing a schema).
+    admin
+        .batch_execute(&format!("DROP TRIGGER fence_durable ON {schema}.fences"))
+        .await
+        .unwrap();
+    let mut holder = raw(&server()).await;
+    let holding = holder.transaction().await.unwrap();
+    holding
+        .execute(
+            "SELECT pg_advisory_xact_lock(hashtext('baton schema'))",
+            &[],
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    baton::Backend::connect(&url).await.unwrap().close().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "connect waited {:?} for the schema lock",
+        started.elapsed()
+    );
+    assert_eq!(state().await, (false, true));
+    holding.commit().await.unwrap();
     baton::Backend::connect(&url).await.unwrap().close().await;
     assert_eq!(state().await, (true, true));
     // And it still fences.

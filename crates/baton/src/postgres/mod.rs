@@ -620,7 +620,10 @@ END $$;
 /// takes back lets an older token in again. A deferred trigger, so that it runs at commit,
 /// after everything the transaction did: a `SET LOCAL synchronous_commit = off` after the
 /// fence, or a function with a `SET synchronous_commit` clause around `fence()` (which puts
-/// the session's setting back when it returns), cannot undo it.
+/// the session's setting back when it returns), cannot undo it. Enabled `ALWAYS`, so that a
+/// session in `session_replication_role = replica` (which skips ordinary triggers) fences
+/// durably too. What it cannot cover (`SET CONSTRAINTS … IMMEDIATE` moves it from commit to
+/// that moment) the README says.
 fn fence_durable_sql(schema: &str) -> String {
     format!(
         r#"
@@ -632,6 +635,7 @@ END $$;
 DROP TRIGGER IF EXISTS fence_durable ON {schema}.fences;
 CREATE CONSTRAINT TRIGGER fence_durable AFTER INSERT OR UPDATE ON {schema}.fences
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.fence_durable();
+ALTER TABLE {schema}.fences ENABLE ALWAYS TRIGGER fence_durable;
 "#
     )
 }
@@ -790,8 +794,8 @@ impl PgBackend {
         let mut client = self.pool.get().await?;
         // One look, by name (nothing parsed): is the name a reserved word (it would need
         // quoting everywhere), does the schema exist, do baton's tables; and, for a schema an
-        // earlier release made, does `fences` lack its `fence_durable` trigger, may we add
-        // it (we own the table), may we fence at all?
+        // earlier release made, does `fences` lack its `fence_durable` trigger, enabled
+        // always (one disabled is put back), may we add it (we own the table), may we fence?
         let look = "WITH f AS (SELECT c.oid, c.relowner FROM pg_class c JOIN pg_namespace n \
                     ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = 'fences') \
                     SELECT EXISTS (SELECT 1 FROM pg_get_keywords() WHERE word = $1 \
@@ -799,7 +803,8 @@ impl PgBackend {
                     EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = \
                     c.relnamespace WHERE n.nspname = $1 AND c.relname = 'meta'), \
                     EXISTS (SELECT 1 FROM f WHERE NOT EXISTS (SELECT 1 FROM pg_trigger t \
-                    WHERE t.tgrelid = f.oid AND t.tgname = 'fence_durable')), \
+                    WHERE t.tgrelid = f.oid AND t.tgname = 'fence_durable' \
+                    AND t.tgenabled = 'A')), \
                     EXISTS (SELECT 1 FROM f WHERE pg_has_role(f.relowner, 'MEMBER')), \
                     EXISTS (SELECT 1 FROM f WHERE has_table_privilege(f.oid, 'INSERT'))";
         // The connect's first statement of its own: no answer is an unreachable backend.
@@ -890,11 +895,13 @@ impl PgBackend {
     }
 
     /// Gives the `fences` of a schema an earlier release made its `fence_durable` trigger (see
-    /// [`fence_durable_sql`]), if we own the table; nothing else of the schema changes, so
-    /// earlier releases still use it. Under a short lock timeout: the trigger's table lock
-    /// waits for transactions that fence, and fences asked for meanwhile would wait behind it.
-    /// A role that may fence but not add it is told so in a warning; one that may not fence
-    /// (a read-only role) has nothing to say.
+    /// [`fence_durable_sql`]; one found disabled is put back), if we own the table; nothing
+    /// else of the schema changes, so earlier releases still use it. Never waits long: not at
+    /// all for the schema lock (another process busy with a schema: left to the next
+    /// connect), and 200 ms for the table's lock (which waits for transactions that fence,
+    /// while fences asked for meanwhile would wait behind it). A role that may fence but not
+    /// add it is told so in a warning; one that may not fence (a read-only role) has nothing
+    /// to say.
     async fn add_fence_durable(&self, client: &mut Client, owner: bool, may_fence: bool) {
         const OP: &str = "add fence_durable";
         if !owner {
@@ -911,7 +918,13 @@ impl PgBackend {
             return;
         }
         let added = async {
-            let transaction = self.schema_lock(client, OP).await?;
+            let transaction = bounded(&self.stats, OP, client.transaction()).await?;
+            let lock = "SELECT pg_try_advisory_xact_lock(hashtext('baton schema'))";
+            let locked = bounded(&self.stats, OP, transaction.query_typed_one(lock, &[])).await?;
+            if !locked.get::<_, bool>(0) {
+                tracing::debug!(schema = %self.schema, "schema lock busy: fence_durable later");
+                return Ok(());
+            }
             let sql = format!(
                 "SET LOCAL lock_timeout = '200ms'; {}",
                 fence_durable_sql(&self.schema)
