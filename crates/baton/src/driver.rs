@@ -1039,12 +1039,9 @@ impl<Q: Queue> CandidateDriver<Q> {
             };
             // Said here only when the caller cannot hear it (the candidacy was dropped): a
             // caller that reads it (`baton run` prints it) would otherwise see it twice.
-            if let Err(unheard) = self.leaderships.try_send(Box::new(Err(error))) {
-                let (mpsc::error::TrySendError::Full(error)
-                | mpsc::error::TrySendError::Closed(error)) = unheard;
-                if let Err(error) = *error {
-                    tracing::warn!(election = %self.election, %error, "candidacy ended");
-                }
+            let message = error.to_string();
+            if self.leaderships.try_send(Box::new(Err(error))).is_err() {
+                tracing::warn!(election = %self.election, error = %message, "candidacy ended");
             }
         } else if !was_leading && !self.config.requeue {
             let _ = self

@@ -525,7 +525,11 @@ impl Member {
                         }
                         // The membership ended for good (the backend was closed, or its history
                         // went backwards): so does the member.
-                        Err(_) => break,
+                        Err(Error::Closed) => break,
+                        Err(error) => {
+                            tracing::warn!("shard group {}: membership ended ({error})", self.group);
+                            break;
+                        }
                     }
                     continue;
                 }
@@ -649,6 +653,11 @@ async fn shard_task(
         };
         let mut leadership = match won {
             Ok(leadership) => leadership,
+            // Every new entry would get a low token too: the shard stays unowned by us.
+            Err(error @ Error::TokenRegressed { .. }) => {
+                tracing::warn!(shard = %name, "{error}");
+                return;
+            }
             Err(_) => {
                 tokio::time::sleep(RETRY_PAUSE).await;
                 continue;

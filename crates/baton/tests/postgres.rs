@@ -590,15 +590,17 @@ async fn commits_wait_for_the_flush_whatever_the_session_says() {
     let admin = raw(&server()).await;
     let mut sql = format!(
         "CREATE TABLE {schema}.commit_log (app text, tbl text, op text, setting text); \
-         CREATE FUNCTION {schema}.log_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         CREATE FUNCTION {schema}.zz_log_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
          INSERT INTO {schema}.commit_log VALUES (current_setting('application_name'), \
          TG_TABLE_NAME, TG_OP, current_setting('synchronous_commit')); RETURN NULL; END $$;"
     );
+    // Named to fire last: deferred triggers of one event fire in name order, and the setting
+    // in force at commit is the one after baton's own (`fence_durable`).
     for table in ["sessions", "elections", "entries", "data", "fences"] {
         sql.push_str(&format!(
-            "CREATE CONSTRAINT TRIGGER log_commit AFTER INSERT OR UPDATE OR DELETE \
+            "CREATE CONSTRAINT TRIGGER zz_log_commit AFTER INSERT OR UPDATE OR DELETE \
              ON {schema}.{table} DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
-             EXECUTE FUNCTION {schema}.log_commit();"
+             EXECUTE FUNCTION {schema}.zz_log_commit();"
         ));
     }
     admin.batch_execute(&sql).await.unwrap();
@@ -768,29 +770,30 @@ async fn an_earlier_releases_fences_get_their_trigger_from_the_owner() {
     assert_eq!(state().await, (false, true));
     baton::Backend::connect(&url).await.unwrap().close().await;
     assert_eq!(state().await, (true, true));
-    // Another process holds the schema lock (creating or changing a schema).
+    // Another process adds it (holds this schema's upgrade lock), then a transaction that
+    // fences holds the table: connecting waits for neither, and leaves the trigger to a later
+    // connect.
     admin
         .batch_execute(&format!("DROP TRIGGER fence_durable ON {schema}.fences"))
         .await
         .unwrap();
     let mut holder = raw(&server()).await;
-    let holding = holder.transaction().await.unwrap();
-    holding
-        .execute(
-            "SELECT pg_advisory_xact_lock(hashtext('baton schema'))",
-            &[],
-        )
-        .await
-        .unwrap();
-    let started = std::time::Instant::now();
-    baton::Backend::connect(&url).await.unwrap().close().await;
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "connect waited {:?} for the schema lock",
-        started.elapsed()
-    );
-    assert_eq!(state().await, (false, true));
-    holding.commit().await.unwrap();
+    for hold in [
+        format!("SELECT pg_advisory_xact_lock(hashtext('baton schema'), hashtext('{schema}'))"),
+        format!("SELECT {schema}.fence('held', 1)"),
+    ] {
+        let holding = holder.transaction().await.unwrap();
+        holding.execute(&hold, &[]).await.unwrap();
+        let started = std::time::Instant::now();
+        baton::Backend::connect(&url).await.unwrap().close().await;
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "connect waited {:?} behind {hold}",
+            started.elapsed()
+        );
+        assert_eq!(state().await, (false, true), "{hold}");
+        holding.commit().await.unwrap();
+    }
     baton::Backend::connect(&url).await.unwrap().close().await;
     assert_eq!(state().await, (true, true));
     // And it still fences.

@@ -717,20 +717,22 @@ fn unanswered_is_unreachable(label: &str, error: Error) -> Error {
 }
 
 /// A select-list item that makes the transaction it runs in wait at commit until its record
-/// is flushed to disk, whatever the session says: `synchronous_commit` raised from `off` to
-/// `on` until the transaction ends (the other settings all flush locally and stay as they
-/// are). With `off`, a crash of PostgreSQL alone (no host crash needed) loses the last commits
+/// is flushed to disk, whatever the session says: `synchronous_commit` raised to `on` until
+/// the transaction ends from `off`, and from `local` and `remote_write`, which flush locally
+/// but, under synchronous replication, not on the standby a failover must go to (`remote_apply`
+/// stays). With `off`, a crash of PostgreSQL alone (no host crash needed) loses the last commits
 /// it acknowledged: a lease comes back shorter than its holder counts on (two commands at
 /// once), an election's epoch comes back lower (a token handed out twice). A check at connect
 /// cannot see to it: through PgBouncer every statement may run on another server connection
 /// (whose session another client may have `SET`), and a reload changes the setting of open
 /// sessions. So every statement of baton's that writes returns this through each row it
 /// writes (a statement that writes no row has nothing to lose; the campaign's epoch bump
-/// returns it from its own `WITH`, which runs even when the entry is not made), and a
-/// deferred trigger runs it for the caller's transactions that fence ([`fence_durable_sql`]).
-const DURABLE: &str =
-    "set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
-                       WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)";
+/// returns it from its own `WITH`, which runs even when the entry is not made; a fenced
+/// transaction's first statement, the check that its token leads, returns it), and a deferred
+/// trigger runs it for the caller's transactions that fence ([`fence_durable_sql`]).
+const DURABLE: &str = "set_config('synchronous_commit', CASE WHEN \
+                       current_setting('synchronous_commit') IN ('off', 'local', 'remote_write') \
+                       THEN 'on' ELSE current_setting('synchronous_commit') END, true)";
 
 /// Warns, once per backend, that PostgreSQL runs with `fsync = off`: a crash of its host (not
 /// of PostgreSQL alone) loses commits it acknowledged. Checked on every connection baton opens.
@@ -788,7 +790,8 @@ impl PgBackend {
     /// Creates the tables on first use and checks the layout version. The DDL runs only when
     /// the schema is new (under an advisory lock, so concurrent first uses do not collide):
     /// re-running it on every connect would take table locks that stall every election in the
-    /// schema while they wait.
+    /// schema while they wait. A schema of this layout that an earlier release made gets the
+    /// `fence_durable` trigger once (see [`PgBackend::add_fence_durable`]).
     async fn create_schema(&self) -> Result<()> {
         const OP: &str = "create schema";
         let mut client = self.pool.get().await?;
@@ -805,7 +808,7 @@ impl PgBackend {
                     EXISTS (SELECT 1 FROM f WHERE NOT EXISTS (SELECT 1 FROM pg_trigger t \
                     WHERE t.tgrelid = f.oid AND t.tgname = 'fence_durable' \
                     AND t.tgenabled = 'A')), \
-                    EXISTS (SELECT 1 FROM f WHERE pg_has_role(f.relowner, 'MEMBER')), \
+                    EXISTS (SELECT 1 FROM f WHERE pg_has_role(f.relowner, 'USAGE')), \
                     EXISTS (SELECT 1 FROM f WHERE has_table_privilege(f.oid, 'INSERT'))";
         // The connect's first statement of its own: no answer is an unreachable backend.
         let row = bounded(
@@ -821,19 +824,22 @@ impl PgBackend {
                 reason: "a word PostgreSQL reserves; choose another schema name".into(),
             });
         }
-        if row.get::<_, bool>(2) && row.get::<_, bool>(3) {
-            self.add_fence_durable(&mut client, row.get(4), row.get(5))
-                .await;
-        }
+        // (trigger missing, we own the table, we may fence), for a schema someone else made.
+        let trigger = |row: &tokio_postgres::Row| {
+            (row.get::<_, bool>(2) && row.get::<_, bool>(3)).then(|| (row.get(4), row.get(5)))
+        };
+        let mut missing = trigger(&row);
         if !row.get::<_, bool>(2) {
             let transaction = self.schema_lock(&mut client, OP).await?;
-            // Again under the lock: another first use may have created them meanwhile.
+            // Again under the lock: another first use may have created them meanwhile (an
+            // earlier release's, without the trigger, say).
             let row = bounded(
                 &self.stats,
                 OP,
                 transaction.query_typed_one(look, &[p(&self.schema)]),
             )
             .await?;
+            missing = trigger(&row);
             if !row.get::<_, bool>(2) {
                 // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema
                 // exists: a schema made for a role without it must not be created again.
@@ -873,7 +879,12 @@ impl PgBackend {
         .await?
         .and_then(|row| row.get(0));
         match version {
-            Some(SCHEMA_VERSION) => Ok(()),
+            Some(SCHEMA_VERSION) => {
+                if let Some((owner, may_fence)) = missing {
+                    self.add_fence_durable(&mut client, owner, may_fence).await;
+                }
+                Ok(())
+            }
             other => Err(Error::Unsupported(format!(
                 "schema {} has baton's layout version {other:?}; this release knows {}",
                 self.schema, SCHEMA_VERSION
@@ -897,7 +908,7 @@ impl PgBackend {
     /// Gives the `fences` of a schema an earlier release made its `fence_durable` trigger (see
     /// [`fence_durable_sql`]; one found disabled is put back), if we own the table; nothing
     /// else of the schema changes, so earlier releases still use it. Never waits long: not at
-    /// all for the schema lock (another process busy with a schema: left to the next
+    /// all for this schema's upgrade lock (another process adding it: left to the next
     /// connect), and 200 ms for the table's lock (which waits for transactions that fence,
     /// while fences asked for meanwhile would wait behind it). A role that may fence but not
     /// add it is told so in a warning; one that may not fence (a read-only role) has nothing
@@ -919,8 +930,15 @@ impl PgBackend {
         }
         let added = async {
             let transaction = bounded(&self.stats, OP, client.transaction()).await?;
-            let lock = "SELECT pg_try_advisory_xact_lock(hashtext('baton schema'))";
-            let locked = bounded(&self.stats, OP, transaction.query_typed_one(lock, &[])).await?;
+            // A key of this schema's own (the schema is made already): upgrades of other
+            // schemas, and first uses, go on meanwhile.
+            let lock = "SELECT pg_try_advisory_xact_lock(hashtext('baton schema'), hashtext($1))";
+            let locked = bounded(
+                &self.stats,
+                OP,
+                transaction.query_typed_one(lock, &[p(&self.schema)]),
+            )
+            .await?;
             if !locked.get::<_, bool>(0) {
                 tracing::debug!(schema = %self.schema, "schema lock busy: fence_durable later");
                 return Ok(());
