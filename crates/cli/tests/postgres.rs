@@ -252,6 +252,50 @@ fn a_schema_with_tables_of_its_own_is_refused_and_left_alone() {
     sql(&addr, &format!("DROP SCHEMA {schema} CASCADE"));
 }
 
+/// A schema an earlier release made (no `fence_durable` trigger on `fences`), used by roles
+/// that do not own it: one that may fence is warned, once, that its owner must connect; a
+/// read-only one says nothing; the owner's `baton leader` adds the trigger, after which nobody
+/// is warned.
+#[test]
+fn an_earlier_releases_schema_warns_only_those_who_may_fence() {
+    let addr = postgres();
+    let schema = format!("old_fences_cli_{}", std::process::id());
+    let owner = format!("postgres://baton:baton@{addr}/baton?schema={schema}");
+    let leader = |url: &str| {
+        let output = baton()
+            .args(["leader", "--backend", url, "--election", "e"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        assert!(output.status.success(), "{url}: {stderr}");
+        stderr
+    };
+    assert_eq!(leader(&owner), "");
+    sql(
+        &addr,
+        &format!(
+            "DROP TRIGGER fence_durable ON {schema}.fences; \
+             GRANT USAGE ON SCHEMA {schema} TO baton_limited, baton_readonly; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} \
+             TO baton_limited; \
+             GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO baton_readonly"
+        ),
+    );
+    let writer = format!("postgres://baton_limited:limited@{addr}/baton?schema={schema}");
+    let reader = format!("postgres://baton_readonly:readonly@{addr}/baton?schema={schema}");
+    let warned = leader(&writer);
+    assert_eq!(warned.lines().count(), 1, "{warned}");
+    assert!(
+        warned.contains(&format!("{schema}.fences lacks the trigger"))
+            && warned.contains("let the table's owner connect once"),
+        "{warned}"
+    );
+    assert_eq!(leader(&reader), "");
+    assert_eq!(leader(&owner), "");
+    assert_eq!(leader(&writer), "");
+    sql(&addr, &format!("DROP SCHEMA {schema} CASCADE"));
+}
+
 /// PostgreSQL stopped while a leader holds: renewals fail, so the leader's command is killed
 /// at its local deadline (within the TTL) and its `baton run` says so; the waiter does not
 /// start meanwhile. Once the database is back, the election resumes with a larger token.
