@@ -131,24 +131,18 @@ async fn a_chroot_baton_may_not_create_is_reported_by_the_first_campaign() {
     let client = zk_support::client(&zk_support::zookeeper()).await;
     let ephemeral = format!("/{}", unique("ephemeral-parent"));
     let read_only = format!("/{}", unique("read-only-parent"));
-    let anyone = zk::Acls::anyone_all();
-    client
-        .create(
+    for (path, mode) in [
+        (
             &ephemeral,
-            b"",
-            &zk::CreateMode::Ephemeral.with_acls(anyone),
-        )
-        .await
-        .unwrap();
-    let readable = zk::Acls::anyone_read();
-    client
-        .create(
+            zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all()),
+        ),
+        (
             &read_only,
-            b"",
-            &zk::CreateMode::Persistent.with_acls(readable),
-        )
-        .await
-        .unwrap();
+            zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_read()),
+        ),
+    ] {
+        client.create(path, b"", &mode).await.unwrap();
+    }
     for (parent, why) in [
         (&ephemeral, "ephemeral node can not have children"),
         (&read_only, "not authorized"),

@@ -216,7 +216,7 @@ fn main() -> ExitCode {
                 .with_default(level)
                 .with_target("openraft", tracing::level_filters::LevelFilter::OFF),
         )
-        .with(zookeeper_notes_once(&CONNECTED));
+        .with(zookeeper_notes_once_connected(&CONNECTED));
     let _ = tracing::subscriber::set_global_default(subscriber);
     let command = match cli.command {
         Command::Server(args) => {
@@ -409,7 +409,7 @@ static CONNECTED: AtomicBool = AtomicBool::new(false);
 /// Lets the ZooKeeper client's notes through only once `connected` is set; everything else
 /// always. Asked at every note, not once per place in its code: a note first made while
 /// connecting (a member refusing the session, say) must still show when it comes again later.
-fn zookeeper_notes_once<S: tracing::Subscriber>(
+fn zookeeper_notes_once_connected<S: tracing::Subscriber>(
     connected: &'static AtomicBool,
 ) -> impl tracing_subscriber::Layer<S> {
     let zookeeper = |meta: &tracing::Metadata<'_>| meta.target().starts_with("zookeeper_client");
@@ -594,7 +594,7 @@ mod tests {
         let notes = Arc::new(AtomicUsize::new(0));
         let others = Arc::new(AtomicUsize::new(0));
         let subscriber = tracing_subscriber::registry()
-            .with(super::zookeeper_notes_once(&CONNECTED))
+            .with(super::zookeeper_notes_once_connected(&CONNECTED))
             .with(Count(notes.clone()));
         tracing::subscriber::with_default(subscriber, || {
             for connected in [false, true] {
@@ -606,7 +606,7 @@ mod tests {
         // Everything else shows before and after.
         CONNECTED.store(false, Ordering::SeqCst);
         let subscriber = tracing_subscriber::registry()
-            .with(super::zookeeper_notes_once(&CONNECTED))
+            .with(super::zookeeper_notes_once_connected(&CONNECTED))
             .with(Count(others.clone()));
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!(target: "baton::driver", "a warning");

@@ -892,8 +892,8 @@ impl PgBackend {
         }
     }
 
-    /// Begins a transaction that holds the lock under which baton's schemas are created and
-    /// changed (so that concurrent first uses do not collide).
+    /// Begins a transaction that holds the lock under which baton's schemas are created (so
+    /// that concurrent first uses do not collide; earlier releases take the same one).
     async fn schema_lock<'c>(
         &self,
         client: &'c mut Client,

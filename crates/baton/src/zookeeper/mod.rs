@@ -796,25 +796,14 @@ async fn mkdir_or_exists(
     client: &zk::Client,
     path: &str,
 ) -> Result<()> {
-    match ask(stats, within, operation, client.mkdir(path, &PERSISTENT)).await? {
-        Ok(()) => Ok(()),
-        Err(error) => Err(match zk_error(operation, error) {
-            Error::Backend {
-                backend,
-                operation,
-                detail,
-                retryable,
-                source,
-            } => Error::Backend {
-                backend,
-                operation,
-                detail: format!("cannot create {path} (or a znode above it): {detail}"),
-                retryable,
-                source,
-            },
-            other => other,
-        }),
+    let Err(error) = ask(stats, within, operation, client.mkdir(path, &PERSISTENT)).await? else {
+        return Ok(());
+    };
+    let mut error = zk_error(operation, error);
+    if let Error::Backend { detail, .. } = &mut error {
+        *detail = format!("cannot create {path} (or a znode above it): {detail}");
     }
+    Err(error)
 }
 
 /// A znode name for an election name or candidate id: `/` and `%`, and characters ZooKeeper
