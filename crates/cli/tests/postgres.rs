@@ -252,6 +252,45 @@ fn a_schema_with_tables_of_its_own_is_refused_and_left_alone() {
     sql(&addr, &format!("DROP SCHEMA {schema} CASCADE"));
 }
 
+/// A session with `synchronous_commit = off` (here from the URL's options) is no reason to
+/// refuse: `baton run` leads and its command gets a token, and every commit of that term (the
+/// grant, the campaign, the resign, the revoke) was made durable all the same (the library's
+/// `commits_wait_for_the_flush_whatever_the_session_says` watches each commit).
+#[test]
+fn a_session_with_synchronous_commit_off_runs() {
+    let addr = postgres();
+    let url = format!(
+        "postgres://baton:baton@{addr}/baton?schema={SCHEMA}&options=-c%20synchronous_commit%3Doff"
+    );
+    let election = unique("sync-off");
+    let output = baton()
+        .args([
+            "run",
+            "--backend",
+            &url,
+            "--election",
+            &election,
+            "--ttl",
+            "2s",
+        ])
+        .args(["--", "sh", "-c", "echo token=$BATON_TOKEN"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stdout.starts_with("token="), "{stdout}");
+    assert!(
+        stdout.trim()["token=".len()..].parse::<u64>().is_ok(),
+        "{stdout}"
+    );
+    assert!(stderr.contains("elected with token"), "{stderr}");
+    assert!(
+        !stderr.contains("warning") && !stderr.contains("error"),
+        "nothing to warn of: {stderr}"
+    );
+}
+
 /// A schema an earlier release made (no `fence_durable` trigger on `fences`), used by roles
 /// that do not own it: one that may fence is warned, once, that its owner must connect; a
 /// read-only one says nothing; the owner's `baton leader` adds the trigger, after which nobody
