@@ -635,7 +635,7 @@ impl Running {
         cut_short: impl std::future::Future<Output = ()>,
     ) {
         if kill_at > Instant::now() {
-            self.signal(libc::SIGTERM);
+            self.terminate();
             tokio::select! {
                 _ = self.all_exited() => {}
                 _ = tokio::time::sleep_until(kill_at) => {}
@@ -646,17 +646,21 @@ impl Running {
         self.kill_all(grace).await;
     }
 
-    /// Sends `signal` once to every process of the containment except the guard (which
-    /// ignores stop signals): the cgroup's members and every descendant, including orphans
-    /// that were re-parented to us. (A process found both ways gets it once: a SIGTERM handler
-    /// that ran twice could do its cleanup twice.)
-    pub(crate) fn signal(&self, signal: libc::c_int) {
-        let sent = self.cage.signal_members(signal);
+    /// Sends SIGTERM, then SIGCONT, once to every process of the containment except the guard
+    /// (which ignores stop signals): the cgroup's members and every descendant, including
+    /// orphans that were re-parented to us. (A process found both ways gets them once: a
+    /// SIGTERM handler that ran twice could do its cleanup twice.) SIGCONT, as systemd sends
+    /// it: a stopped process (`kill -STOP`, Ctrl-Z in a terminal it reads) runs its handler at
+    /// once, rather than sit out the grace and be killed without cleaning up.
+    fn terminate(&self) {
+        let sent = self.cage.signal_members(libc::SIGTERM);
         let rest: Vec<containment::Process> = containment::descendants(std::process::id() as i32)
             .into_iter()
             .filter(|p| !sent.iter().any(|s| containment::same_process(s, p)))
             .collect();
-        containment::signal_all(&rest, signal, Some(self.guard));
+        containment::signal_all(&rest, libc::SIGTERM, Some(self.guard));
+        containment::signal_all(&sent, libc::SIGCONT, Some(self.guard));
+        containment::signal_all(&rest, libc::SIGCONT, Some(self.guard));
     }
 
     /// Tells the guard about a later local deadline, without ever blocking: if the pipe is

@@ -706,6 +706,47 @@ fn sighup_resigns_at_once() {
     let _ = b.wait();
 }
 
+/// A command that is stopped (SIGSTOP, Ctrl-Z) when its term ends gracefully gets SIGCONT
+/// with its SIGTERM: its handler runs and cleans up, and the successor starts at once. Before,
+/// the stopped command sat out the whole grace (10 s here) and was killed without cleaning up.
+#[test]
+fn a_stopped_command_gets_its_sigterm_at_once() {
+    let dir = scratch("stopped-cmd");
+    let election = unique("stopped-cmd");
+    let pids = dir.join("a.pids");
+    let script = format!(
+        "trap 'echo cleaned > {d}/cleaned; exit 0' TERM; echo $$ > {p}; \
+         while :; do sleep 0.1; done",
+        d = dir.display(),
+        p = pids.display()
+    );
+    let slow: &[&str] = &["--id", "a", "--grace", "10s", "--ttl", "10s"];
+    let mut a = run_script(&election, slow, &script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let command = wait_for("a runs", Duration::from_secs(5), || {
+        pids_in(&pids).first().copied()
+    });
+    let mut b = start(&election, &dir, "b", &[], &successor_script(&dir, &pids));
+    wait_queued(&election, 2);
+    signal(command as i32, libc::SIGSTOP);
+    signal(a.id() as i32, libc::SIGTERM);
+    wait_for(
+        "b runs well within the grace",
+        Duration::from_secs(3),
+        || dir.join("b.token").exists().then_some(()),
+    );
+    let status = wait_for("a exits", Duration::from_secs(3), || a.try_wait().unwrap());
+    assert_eq!(status.code(), Some(143));
+    assert!(dir.join("cleaned").exists(), "the handler never ran");
+    assert!(!dir.join("overlap").exists());
+    signal(b.id() as i32, libc::SIGTERM);
+    let _ = b.wait();
+}
+
 /// Signals with no handler whose default is to terminate (SIGVTALRM, realtime signals) do not
 /// end the guard either.
 #[test]
