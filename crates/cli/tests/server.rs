@@ -54,6 +54,15 @@ impl ServerProcess {
         }
     }
 
+    /// [`ServerProcess::kill9`] if `crash`, else [`ServerProcess::stop`].
+    fn halt(&mut self, crash: bool) {
+        if crash {
+            self.kill9();
+        } else {
+            self.stop();
+        }
+    }
+
     /// Starts again on the same address and data directory (in place: dropping a
     /// `ServerProcess` removes its data directory).
     fn restart(&mut self) {
@@ -588,6 +597,18 @@ fn sighup_stops_the_server_cleanly() {
 /// starts again with its full TTL.
 #[test]
 fn restart_keeps_keys_revisions_and_leases() {
+    restart_keeps(false);
+}
+
+/// The same after kill -9 of the server (no shutdown of its own): every acknowledged key and
+/// revision is in its log, and the lease restarts with its full TTL.
+#[test]
+fn kill_9_and_restart_keep_keys_revisions_and_leases() {
+    restart_keeps(true);
+}
+
+/// Keys, revisions and a lease across a restart: after SIGTERM, or after kill -9 if `crash`.
+fn restart_keeps(crash: bool) {
     let dir = scratch("server-restart");
     let mut server = ServerProcess::start("127.0.0.1:0", &dir);
     for i in 0..50 {
@@ -600,7 +621,7 @@ fn restart_keeps_keys_revisions_and_leases() {
     // Let some of the TTL go by first: 5 s, so a lease that kept counting would show 15 s or
     // less after the restart.
     std::thread::sleep(Duration::from_secs(5));
-    server.stop();
+    server.halt(crash);
     server.restart();
     let ttl = ctl(&server, &["lease", "timetolive", &id]);
     let remaining: u64 = ttl
@@ -1020,6 +1041,18 @@ fn with_addr<T>(addr: &str, f: impl AsyncFnOnce(&mut etcd_client::Client) -> T) 
 /// its full TTL), so the leader keeps running and the waiter never starts.
 #[test]
 fn a_server_restarted_within_the_ttl_keeps_the_leader() {
+    restarted_within_the_ttl(false);
+}
+
+/// The same with the server killed (kill -9), not stopped.
+#[test]
+fn a_server_killed_and_restarted_within_the_ttl_keeps_the_leader() {
+    restarted_within_the_ttl(true);
+}
+
+/// A leader and a waiter across a server restart within the TTL: after SIGTERM, or after
+/// kill -9 if `crash`.
+fn restarted_within_the_ttl(crash: bool) {
     let dir = scratch("server-restart-run");
     let mut server = ServerProcess::start("127.0.0.1:0", &dir.join("data"));
     let url = format!("etcd://{}/restart", server.addr);
@@ -1027,7 +1060,7 @@ fn a_server_restarted_within_the_ttl_keeps_the_leader() {
     let token = leader.wait_running(Duration::from_secs(10));
     let waiter = Runner::start(&url, "e", "4s", &dir, "b");
     std::thread::sleep(Duration::from_millis(500));
-    server.stop();
+    server.halt(crash);
     server.restart();
     // Well past the TTL: renewals found the restarted server.
     std::thread::sleep(Duration::from_secs(6));
