@@ -1088,8 +1088,8 @@ fn restarted_within_the_ttl(crash: bool) {
 /// An old copy of the data directory restored under running `baton run`s (the leader and a
 /// waiter in its own process, both with --requeue): the leases are gone, so the leader's
 /// command stops; the entries each creates again come out below its last one, so both
-/// candidacies end saying the tokens went backwards, and the waiter never runs its command
-/// with a token below the one already issued.
+/// candidacies end saying the tokens went backwards (exit 1, --requeue notwithstanding), and
+/// neither runs its command with a token below the one already issued.
 #[test]
 fn a_restored_data_directory_ends_the_leader_and_the_waiter() {
     let dir = scratch("server-restored-run");
@@ -1118,7 +1118,7 @@ fn a_restored_data_directory_ends_the_leader_and_the_waiter() {
     let exited = wait_for("the waiter to exit", Duration::from_secs(15), || {
         waiter.child.try_wait().unwrap()
     });
-    assert!(!exited.success(), "{}", waiter.stderr());
+    assert_eq!(exited.code(), Some(1), "{}", waiter.stderr());
     let stderr = waiter.stderr();
     // Said once, as the error it exits with (not also as a warning before it).
     assert_eq!(stderr.matches("went backwards").count(), 1, "{stderr}");
@@ -1127,6 +1127,16 @@ fn a_restored_data_directory_ends_the_leader_and_the_waiter() {
         None,
         "the waiter ran after {token}: {stderr}"
     );
+    // The leader, --requeue notwithstanding, ends too (exit 1), and never ran its command
+    // again on a lower token.
+    let mut leader = leader;
+    let left = wait_for("the leader to exit", Duration::from_secs(15), || {
+        leader.child.try_wait().unwrap()
+    });
+    let stderr = leader.stderr();
+    assert_eq!(left.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.matches("went backwards").count(), 1, "{stderr}");
+    assert_eq!(leader.token(), Some(token), "{stderr}");
 }
 
 /// Copies directory `from` (files only, as a data directory is) to `to`.
@@ -1413,6 +1423,77 @@ fn baton_shards_across_a_server_restarted_within_the_ttl_keeps_every_owner() {
     for mut member in members {
         signal(member.id() as i32, libc::SIGTERM);
         assert_eq!(member.wait().unwrap().code(), Some(128 + libc::SIGTERM));
+    }
+}
+
+/// An old copy of the data directory restored under running `baton shards` members: the
+/// leases are gone, so every shard's command stops; every entry made again comes out below
+/// one already seen, so no command ever runs again on a token below one its shard already
+/// issued, and each member ends saying the tokens went backwards.
+#[test]
+fn a_restored_data_directory_ends_baton_shards_without_a_lower_token() {
+    let dir = scratch("server-restored-shards");
+    let data = dir.join("data");
+    let mut server = ServerProcess::start("127.0.0.1:0", &data);
+    server.stop();
+    copy_dir(&data, &dir.join("backup"));
+    server.restart();
+    put_many(&server, 100);
+    let url = format!("etcd://{}/shards", server.addr);
+    let d = dir.display();
+    let script = format!("echo $BATON_SHARD $BATON_TOKEN $$ >> {d}/starts; exec sleep 600");
+    let mut members: Vec<(Child, PathBuf)> = ["a", "b"]
+        .iter()
+        .map(|id| {
+            let log = dir.join(format!("{id}.stderr"));
+            let child = baton()
+                .args(["shards", "--backend", &url, "--group", "g", "--id", id])
+                .args(["--shards", "4", "--ttl", "2s", "--settle", "200ms"])
+                .args(["--", "sh", "-c", &script])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            (child, log)
+        })
+        .collect();
+    let starts = || std::fs::read_to_string(dir.join("starts")).unwrap_or_default();
+    wait_for("4 commands started", Duration::from_secs(20), || {
+        (starts().lines().count() >= 4).then_some(())
+    });
+    let first: Vec<u64> = starts()
+        .lines()
+        .map(|line| line.split_whitespace().nth(2).unwrap().parse().unwrap())
+        .collect();
+    server.stop();
+    std::fs::remove_dir_all(&data).unwrap();
+    copy_dir(&dir.join("backup"), &data);
+    server.restart();
+    for pid in first {
+        wait_for("a shard's command to stop", Duration::from_secs(5), || {
+            (!common::alive(pid)).then_some(())
+        });
+    }
+    for (member, log) in &mut members {
+        let status = wait_for("a member to end", Duration::from_secs(20), || {
+            member.try_wait().unwrap()
+        });
+        let stderr = std::fs::read_to_string(&*log).unwrap();
+        assert!(!status.success(), "{stderr}");
+        assert!(stderr.contains("went backwards"), "{stderr}");
+    }
+    // Per shard, the tokens its commands ran on only ever went up.
+    let mut highest = std::collections::HashMap::new();
+    for line in starts().lines() {
+        let mut fields = line.split_whitespace();
+        let shard = fields.next().unwrap().to_string();
+        let token: u64 = fields.next().unwrap().parse().unwrap();
+        let before = highest.insert(shard, token).unwrap_or(0);
+        assert!(
+            token > before,
+            "a command ran on token {token} after {before}: {line}"
+        );
     }
 }
 
