@@ -370,6 +370,59 @@ fn closed_stderr_does_not_kill_the_supervisor() {
     );
 }
 
+/// stderr a pipe that is full and that nobody reads (a log shipper that hung): writing to it
+/// would block, and it must never hold up renewals. The command keeps its term for three TTLs;
+/// a loss still kills it at once and `baton run` exits 3, its notes left unsaid.
+#[test]
+fn a_full_stderr_nobody_reads_holds_up_nothing() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let dir = scratch("full-stderr");
+    let election = unique("full-stderr");
+    let pids = dir.join("a.pids");
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the array we own with two new descriptors, which we then own.
+    let (_unread, full) = unsafe {
+        assert_eq!(
+            libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK),
+            0
+        );
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    let chunk = [b'x'; 4096];
+    // SAFETY: writes from a buffer we own, then fcntl, on the descriptor we own.
+    unsafe {
+        while libc::write(fds[1], chunk.as_ptr().cast(), chunk.len()) > 0 {}
+        // Blocking again, as a terminal's or a shipper's pipe is: a write would hang.
+        let flags = libc::fcntl(fds[1], libc::F_GETFL);
+        libc::fcntl(fds[1], libc::F_SETFL, flags & !libc::O_NONBLOCK);
+    }
+    let mut a = run_script(
+        &election,
+        &["--id", "a", "--ttl", "2s"],
+        &Shape::SetsidFork.script(&pids, 600),
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::from(full))
+    .spawn()
+    .unwrap();
+    wait_for("a runs", Duration::from_secs(5), || {
+        (pids_in(&pids).len() >= 2).then_some(())
+    });
+    let all = pids_in(&pids);
+    // The script exits at once; the worker it forked away holds the term.
+    let worker = *all.last().unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(alive(worker), "the term ended within 3 TTLs");
+    assert_eq!(a.try_wait().unwrap(), None);
+    delete_election_keys(&election);
+    wait_for("a's command killed", Duration::from_millis(1500), || {
+        all.iter().all(|&p| !alive(p)).then_some(())
+    });
+    let status = wait_for("a exits", Duration::from_secs(5), || a.try_wait().unwrap());
+    assert_eq!(status.code(), Some(3), "exit {status:?}");
+}
+
 /// Stray signals to the guard (`pkill -USR1 -f JOB` for log rotation matches its command line
 /// too): the job keeps running under the same token, nothing is reported as the command's exit.
 #[test]
