@@ -314,6 +314,50 @@ fn a_paused_members_shards_move_and_its_late_writes_are_fenced() {
     stop(p1);
 }
 
+/// A member whose `baton shards` process alone is stopped (its shard supervisors, guards and
+/// commands run on, and hear no later deadline): every command of it stops by the last local
+/// deadline it was sent, before the other member owns its shards; no write is rejected by a
+/// fence; resumed, it rejoins and the shards spread out again.
+#[test]
+fn a_stopped_member_process_alone_has_its_commands_stopped_before_its_shards_move() {
+    let dir = scratch("shards-stop-member");
+    let _kill = KillOnFailure(dir.to_path_buf());
+    let group = unique("shards-stop-member");
+    let url = url();
+    let ids = ["s0", "s1"];
+    let mut s0 = member(&url, &group, "s0", &dir);
+    let s1 = member(&url, &group, "s1", &dir);
+    let first = wait_for("12 shards over 2 members", Duration::from_secs(20), || {
+        owners(&group, &ids)
+    });
+    wait_writing(&dir, &first);
+    signal(s0.id() as i32, libc::SIGSTOP);
+    let s0_pids = pids_of(&dir, "s0");
+    // By the local deadline (TTL 2 s), before the TTL has passed at the server.
+    wait_for("s0's commands stop", Duration::from_secs(3), || {
+        s0_pids.iter().all(|&pid| !alive(pid)).then_some(())
+    });
+    let second = wait_for("12 shards on s1", Duration::from_secs(15), || {
+        owners(&group, &ids[1..])
+    });
+    wait_writing(&dir, &second);
+    signal(s0.id() as i32, libc::SIGCONT);
+    let third = wait_for(
+        "12 shards over 2 members again",
+        Duration::from_secs(20),
+        || owners(&group, &ids),
+    );
+    wait_writing(&dir, &third);
+    let stale: Vec<_> = log_lines(&dir)
+        .into_iter()
+        .filter(|(kind, ..)| kind == "stale")
+        .collect();
+    assert!(stale.is_empty(), "writes rejected by a fence: {stale:?}");
+    assert!(s0.try_wait().unwrap().is_none(), "s0 exited after its stop");
+    stop(s0);
+    stop(s1);
+}
+
 /// A member cut off from the backend by a partition stops its commands by its own deadline;
 /// the other member owns every shard meanwhile, with no write rejected by a fence.
 #[test]
