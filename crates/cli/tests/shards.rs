@@ -606,6 +606,52 @@ fn a_killed_supervisor_and_guard_leave_nothing_of_the_command() {
     }
 }
 
+/// With `--pid-namespace on`, kill -9 of every baton process of a member at once (the member,
+/// each shard's supervisor and guard) leaves nothing of its commands, not even daemons they
+/// forked away: each shard's namespace dies with its guard.
+#[test]
+fn a_pid_namespace_leaves_nothing_when_every_baton_process_is_killed_at_once() {
+    let dir = scratch("shards-pidns");
+    let _kill = KillOnFailure(dir.to_path_buf());
+    let group = unique("shards-pidns");
+    let d = dir.display();
+    let script = format!(
+        "setsid -f sh -c 'echo $$ >> {d}/daemons.$BATON_SHARD; exec sleep 600'; exec sleep 600"
+    );
+    let mut member = start_member(
+        &url(),
+        &group,
+        "m",
+        &dir,
+        "--shards 2 --ttl 3s --settle 100ms --pid-namespace on",
+        &script,
+    );
+    wait_for("both shards' daemons", Duration::from_secs(20), || {
+        (dir.join("daemons.0").exists() && dir.join("daemons.1").exists()).then_some(())
+    });
+    let tree = descendants(member.id() as i32);
+    let baton_processes: Vec<i32> = tree
+        .iter()
+        .copied()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.contains("__shard") || c.contains("__guard"))
+        })
+        .collect();
+    // Two supervisors and two guards.
+    assert_eq!(baton_processes.len(), 4, "{tree:?}");
+    signal(member.id() as i32, libc::SIGKILL);
+    for &pid in &baton_processes {
+        signal(pid, libc::SIGKILL);
+    }
+    let _ = member.wait();
+    wait_for(
+        "every process of the member gone",
+        Duration::from_millis(1500),
+        || tree.iter().all(|&pid| !alive(pid as u64)).then_some(()),
+    );
+}
+
 /// Ctrl-C in a terminal signals the whole process group (systemd signals every process of the
 /// unit): the shards' supervisors ignore it, and `baton shards` stops each command with its
 /// grace, so a command that cleans up on SIGINT or SIGTERM gets to finish.
