@@ -6,6 +6,8 @@
 mod common;
 
 use common::*;
+use std::path::Path;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// The schema of these tests.
@@ -250,6 +252,147 @@ fn a_schema_with_tables_of_its_own_is_refused_and_left_alone() {
     );
     assert_eq!(tables, ["sessions"]);
     sql(&addr, &format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// `baton run` of a command that writes its token to `DIR/NAME.token`, first noting in
+/// `DIR/overlap` whether process `before` (the previous leader's command) was still alive.
+fn successor(url: &str, election: &str, dir: &Path, name: &str, before: u64) -> Child {
+    let d = dir.display();
+    let script = format!(
+        "s=$(cut -d' ' -f3 /proc/{before}/stat 2>/dev/null); \
+         if [ -n \"$s\" ] && [ \"$s\" != Z ]; then touch {d}/overlap; fi; \
+         echo $BATON_TOKEN > {d}/{name}.token; exec sleep 600"
+    );
+    baton()
+        .args([
+            "run",
+            "--backend",
+            url,
+            "--election",
+            election,
+            "--ttl",
+            "2s",
+        ])
+        .args(["--id", name, "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Holds `rows` (a `SELECT … FOR UPDATE` of baton's schema) locked for `seconds`, from a
+/// `psql` of its own, as an operator's session or a migration would.
+fn lock_rows(addr: &str, rows: &str, seconds: u32) -> Child {
+    let lock = format!("BEGIN; {rows} FOR UPDATE; SELECT pg_sleep({seconds}); COMMIT;");
+    std::process::Command::new("psql")
+        .args([
+            &format!("postgres://baton:baton@{addr}/baton"),
+            "-qc",
+            &lock,
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// A leader's session row locked from outside blocks its renewals: its command stops at the
+/// local deadline all the same; the session expires by the database's clock, so the waiter
+/// leads (with a higher token, never beside the old command) while the row is still locked;
+/// the old leader exits 3 once its revoke gets through.
+#[test]
+fn a_leaders_session_row_locked_from_outside_stops_it_at_its_deadline() {
+    let addr = postgres();
+    let dir = scratch("pg-locked-session");
+    let url = url_at(&addr);
+    let election = unique("locked-session");
+    let mut leader = Runner::start(&url, &election, "2s", &dir, "a");
+    let token = leader.wait_running(Duration::from_secs(10));
+    let command = leader.child_pid().unwrap();
+    let mut waiter = successor(&url, &election, &dir, "b", command);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut locker = lock_rows(
+        &addr,
+        &format!(
+            "SELECT 1 FROM {SCHEMA}.sessions WHERE id = (SELECT session FROM {SCHEMA}.entries \
+             WHERE election = '{election}' AND candidate = 'a')"
+        ),
+        6,
+    );
+    wait_for("the leader's command stops", Duration::from_secs(3), || {
+        (!alive(command)).then_some(())
+    });
+    let next = wait_for("b leads", Duration::from_secs(10), || {
+        read_number(&dir.join("b.token"))
+    });
+    assert!(next > token, "{next} after {token}");
+    assert!(
+        !dir.join("overlap").exists(),
+        "b started beside a's command"
+    );
+    assert!(locker.wait().unwrap().success());
+    let status = wait_for("a exits", Duration::from_secs(15), || {
+        leader.child.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(3), "{}", leader.stderr());
+    signal(waiter.id() as i32, libc::SIGTERM);
+    let _ = waiter.wait();
+}
+
+/// The README's "rows locked from outside": the leader's entry locked (`SELECT … FOR UPDATE`
+/// on `entries`) when it is asked to stop (SIGTERM): its command stops within the grace, but
+/// its resign waits for the lock, so the waiter is elected only once the lock is released,
+/// never beside the old command; the old leader then exits 143.
+#[test]
+fn a_leaders_entry_locked_from_outside_holds_the_handoff_until_it_is_released() {
+    let addr = postgres();
+    let dir = scratch("pg-locked-entry");
+    let url = url_at(&addr);
+    let election = unique("locked-entry");
+    let mut leader = Runner::start(&url, &election, "10s", &dir, "a");
+    let token = leader.wait_running(Duration::from_secs(10));
+    let command = leader.child_pid().unwrap();
+    let mut waiter = successor(&url, &election, &dir, "b", command);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut locker = lock_rows(
+        &addr,
+        &format!(
+            "SELECT 1 FROM {SCHEMA}.entries WHERE election = '{election}' AND candidate = 'a'"
+        ),
+        4,
+    );
+    // Let the lock be taken first.
+    std::thread::sleep(Duration::from_millis(300));
+    let locked_at = Instant::now();
+    signal(leader.child.id() as i32, libc::SIGTERM);
+    wait_for("the leader's command stops", Duration::from_secs(2), || {
+        (!alive(command)).then_some(())
+    });
+    let next = wait_for("b leads", Duration::from_secs(15), || {
+        read_number(&dir.join("b.token"))
+    });
+    assert!(
+        locked_at.elapsed() >= Duration::from_secs(3),
+        "b led {:?} into a 4 s lock",
+        locked_at.elapsed()
+    );
+    assert!(next > token, "{next} after {token}");
+    assert!(
+        !dir.join("overlap").exists(),
+        "b started beside a's command"
+    );
+    assert!(locker.wait().unwrap().success());
+    let status = wait_for("a exits", Duration::from_secs(15), || {
+        leader.child.try_wait().unwrap()
+    });
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        leader.stderr()
+    );
+    signal(waiter.id() as i32, libc::SIGTERM);
+    let _ = waiter.wait();
 }
 
 /// A session with `synchronous_commit = off` (here from the URL's options) is no reason to
