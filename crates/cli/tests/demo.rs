@@ -1,4 +1,5 @@
-//! `baton demo` end to end against a real etcd (`BATON_TEST_ETCD`): it plays every step, its
+//! `baton demo` end to end, on the embedded server it starts (and once with `--backend` on the
+//! test backend, beside other demos): it plays every step, its
 //! report holds the timeline and the rejected late write, no stale write is accepted, and
 //! nothing it started survives it, also when it is stopped with SIGINT or SIGTERM mid-run.
 //!
