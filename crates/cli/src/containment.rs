@@ -174,6 +174,32 @@ impl Cage {
         self.pid_namespace
     }
 
+    /// Whether the guard can start the command itself, placed by the kernel as it is created
+    /// (see [`crate::spawn`]): `Some(Some(dir))` into this cgroup v2, `Some(None)` with no
+    /// cgroup (the subreaper kind). `None`: through a launcher, which joins ahead (the
+    /// freezer is joined through `cgroup.procs`, which can wait for an RCU grace period) or
+    /// stays as a PID namespace's init.
+    pub fn direct_start(&self) -> Option<Option<&std::path::Path>> {
+        if self.pid_namespace || !crate::spawn::SUPPORTED {
+            return None;
+        }
+        match self.kind {
+            Kind::CgroupV2 => self.dir.as_deref().map(Some),
+            Kind::Subreaper => Some(None),
+            Kind::Freezer => None,
+        }
+    }
+
+    /// Marks the cgroup as in use (its modification time), so that no other `baton run`
+    /// takes it for a stale one while it is empty (see `sweep_stale`).
+    pub fn touch(&self) {
+        let Some(dir) = &self.dir else { return };
+        if let Ok(path) = CString::new(dir.as_os_str().as_bytes()) {
+            // SAFETY: utimensat on a NUL-terminated path we own; null times mean "now".
+            unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), std::ptr::null(), 0) };
+        }
+    }
+
     /// The value of [`CAGE_ENV`] that describes this cage to the guard.
     pub fn to_env(&self) -> String {
         let pidns = if self.pid_namespace { "+pidns" } else { "" };
@@ -244,6 +270,13 @@ impl Cage {
 
     /// Whether the cgroup holds no process (always true for the subreaper kind).
     pub fn is_empty(&self) -> bool {
+        if let (Kind::CgroupV2, Some(dir)) = (self.kind, &self.dir) {
+            // One file answers for the cgroup and every cgroup below it.
+            let events = std::fs::read_to_string(dir.join("cgroup.events")).unwrap_or_default();
+            if let Some(populated) = events.lines().find_map(|l| l.strip_prefix("populated ")) {
+                return populated.trim() == "0";
+            }
+        }
         self.members().is_empty()
     }
 
@@ -263,9 +296,13 @@ impl Cage {
     pub fn kill(&self) {
         let Some(dir) = &self.dir else { return };
         match self.kind {
-            Kind::CgroupV2 => {
+            // Not when it is empty: nothing can enter it then but what our guard starts, and
+            // a kill, even of nobody, makes some kernels kill what clone3 places in the cgroup
+            // afterwards (see `crate::spawn`), which would cost the next term its fast start.
+            Kind::CgroupV2 if !self.is_empty() => {
                 let _ = std::fs::write(dir.join("cgroup.kill"), "1");
             }
+            Kind::CgroupV2 => {}
             Kind::Freezer => {
                 let state = dir.join("freezer.state");
                 let _ = std::fs::write(&state, "FROZEN");
@@ -347,7 +384,8 @@ fn sweep_stale(dir: &std::path::Path) {
             continue;
         };
         // Old enough too: a `baton run` in another PID namespace (whose PID we cannot see)
-        // may have just created its cgroup and not yet moved its launcher in.
+        // may have just created its cgroup and not yet moved its launcher in, or be
+        // campaigning with its cgroup empty (its guard touches it more often than this).
         let old = std::fs::metadata(&sibling)
             .and_then(|m| m.modified())
             .ok()

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use crate::containment::{self, Cage, CAGE_ENV};
+use crate::spawn;
 
 /// The control pipe's file descriptor, set up by `baton run`: the token and deadlines arrive here.
 pub const CONTROL_FD: i32 = 3;
@@ -163,10 +164,23 @@ pub fn main(command: &[OsString]) -> ! {
         ));
         std::process::exit(1);
     }
-    // While we campaign, a launcher process already sits inside the cgroup, waiting for the
-    // token: moving a process into a cgroup can cost a full RCU grace period (over 10 ms here),
-    // which must not be on the handoff's critical path.
-    let launcher = Launcher::spawn(command, &guard.cage);
+    // CMD starts from here, prepared ahead and placed in its cgroup by the kernel as it is
+    // created (see `crate::spawn`). Where that cannot be (the freezer, a PID namespace), a
+    // launcher process already sits inside the cgroup while we campaign, waiting for the
+    // token: moving a process into a cgroup can cost a full RCU grace period (over 10 ms
+    // here), which must not be on the handoff's critical path.
+    let mut direct = guard.cage.direct_start().and_then(|cgroup| {
+        spawn::Prepared::new(command, cgroup, &["BATON_SUPERVISOR_PID", CAGE_ENV]).ok()
+    });
+    let launcher = if direct.is_some() {
+        Launcher { started: None }
+    } else {
+        Launcher::spawn(command, &guard.cage)
+    };
+    // An empty cgroup that looks old may be swept by another `baton run` that cannot see our
+    // PID (another PID namespace): touched while we wait.
+    let touch_every = direct.is_some().then_some(Duration::from_secs(20));
+    let mut touched = std::time::Instant::now();
     if guard.cage.pid_namespace() && launcher.started.is_none() {
         // Whatever we started next would be the namespace's init: never CMD itself.
         let _ = writeln_stderr("baton: error: cannot start the command's PID namespace init");
@@ -195,11 +209,30 @@ pub fn main(command: &[OsString]) -> ! {
             // cannot run its command.
             std::process::exit(1);
         }
-        guard.poll(None, None);
+        guard.poll(None, touch_every);
+        if touch_every.is_some_and(|every| touched.elapsed() >= every) {
+            guard.cage.touch();
+            touched = std::time::Instant::now();
+        }
     };
     if clock_nanos() >= deadline {
         // The lease ran out between the election and now: never start without one.
         launcher.cancel();
+    }
+    if let Some(started) = direct.as_mut().map(|d| d.spawn(token)) {
+        match started {
+            Ok(pid) => guard_loop(&mut guard, pid, deadline),
+            Err(Some(error)) => {
+                // No path could be exec'd; the child has exited.
+                let code = cannot_start(&command[0], &error);
+                let _ = reap_children(-1, &mut None);
+                let _ = report(&format!("exit {code}"));
+                std::process::exit(code);
+            }
+            // clone3 refused (an older kernel, a cgroup it will not place us in): the
+            // slower ways below.
+            Err(None) => {}
+        }
     }
     let cmd = match launcher.start(token) {
         Some((pid, relay)) => {

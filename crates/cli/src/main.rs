@@ -17,6 +17,7 @@ mod serve;
 mod server;
 mod shard_child;
 mod shards;
+mod spawn;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

@@ -87,6 +87,18 @@ fn start(election: &str, dir: &Path, name: &str, extra: &[&str], script: &str) -
     .unwrap()
 }
 
+/// `a`, running `sleep 600` as the election's leader, once its command has started.
+fn start_leader(election: &str, dir: &Path) -> Child {
+    let a = start(election, dir, "a", &[], "exec sleep 600");
+    wait_for("a leads", Duration::from_secs(5), || {
+        std::fs::read_to_string(dir.join("a.stderr"))
+            .unwrap_or_default()
+            .contains("command started")
+            .then_some(())
+    });
+    a
+}
+
 /// The successor's script: it records, the moment it starts, whether any of `pids` is alive.
 fn successor_script(dir: &Path, pids: &Path) -> String {
     format!(
@@ -1093,19 +1105,14 @@ fn stray_signals_to_the_supervisor_change_nothing() {
     assert_eq!(status.code(), Some(143));
 }
 
-/// SIGTERM to a candidate that is still campaigning: its standby guard and launcher (already
-/// in the cgroup) end before it exits, so no cgroup directory is left behind.
+/// SIGTERM to a candidate that is still campaigning: its standby guard (and, under a PID
+/// namespace, its launcher, already in the cgroup) end before it exits, so no cgroup directory
+/// is left behind.
 #[test]
 fn sigterm_while_campaigning_leaves_no_cgroup_behind() {
     let dir = scratch("campaign-term");
     let election = unique("campaign-term");
-    let mut a = start(&election, &dir, "a", &[], "exec sleep 600");
-    wait_for("a leads", Duration::from_secs(5), || {
-        std::fs::read_to_string(dir.join("a.stderr"))
-            .unwrap_or_default()
-            .contains("command started")
-            .then_some(())
-    });
+    let mut a = start_leader(&election, &dir);
     for mode in ["off", "on"] {
         let mut b = start(
             &election,
@@ -1115,14 +1122,16 @@ fn sigterm_while_campaigning_leaves_no_cgroup_behind() {
             "exec sleep 600",
         );
         let cgroup = PathBuf::from("/sys/fs/cgroup/unified").join(format!("baton-{}", b.id()));
-        wait_for(
-            "b's launcher waits in its cgroup",
-            Duration::from_secs(5),
-            || {
-                let members = std::fs::read_to_string(cgroup.join("cgroup.procs")).ok()?;
-                (!members.trim().is_empty()).then_some(())
-            },
-        );
+        // Without a PID namespace the guard starts the command itself and the cgroup stays
+        // empty until then; with one, the launcher waits in it.
+        let guard = child_running(b.id() as i32, "__guard");
+        if mode == "on" {
+            child_running(guard, "__launch");
+        }
+        wait_for("b's standby is ready", Duration::from_secs(5), || {
+            let members = std::fs::read_to_string(cgroup.join("cgroup.procs")).ok()?;
+            (mode == "off" || !members.trim().is_empty()).then_some(())
+        });
         signal(b.id() as i32, libc::SIGTERM);
         let status = wait_for("b exits", Duration::from_secs(5), || b.try_wait().unwrap());
         assert_eq!(status.code(), Some(143));
@@ -1140,13 +1149,7 @@ fn a_standby_guard_or_launcher_killed_while_campaigning_is_replaced() {
     let dir = scratch("standby-killed");
     for (victim, mode) in [("guard", "off"), ("launcher", "on")] {
         let election = unique("standby-killed");
-        let mut a = start(&election, &dir, "a", &[], "exec sleep 600");
-        wait_for("a leads", Duration::from_secs(5), || {
-            std::fs::read_to_string(dir.join("a.stderr"))
-                .unwrap_or_default()
-                .contains("command started")
-                .then_some(())
-        });
+        let mut a = start_leader(&election, &dir);
         let token = dir.join(format!("b-{victim}.token"));
         let script = format!("echo $BATON_TOKEN > {}; exec sleep 600", token.display());
         let mut b = start(&election, &dir, "b", &["--pid-namespace", mode], &script);
@@ -1192,4 +1195,49 @@ fn child_running(parent: i32, word: &str) -> i32 {
             })
         },
     )
+}
+
+/// A program removed while its `baton run` waits in line: once elected, the start fails as
+/// a shell's would (exit 127, one line naming the program), in every way CMD can be started:
+/// by the guard itself (in the cgroup, or with no cgroup) and by a PID namespace's init.
+#[test]
+fn a_program_gone_by_the_election_ends_the_term_with_127_in_every_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("gone-by-election");
+    for (name, extra) in [
+        ("direct", &[][..]),
+        ("subreaper", &["--containment", "subreaper"][..]),
+        ("pidns", &["--pid-namespace", "on"][..]),
+    ] {
+        let election = unique("gone-by-election");
+        let mut a = start_leader(&election, &dir);
+        let program = dir.join(format!("{name}.sh"));
+        std::fs::write(&program, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut b = baton()
+            .args(["run", "--backend", &url(), "--election", &election])
+            .args(["--ttl", "2s", "--id", "b"])
+            .args(extra)
+            .arg("--")
+            .arg(&program)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Past the check before the campaign: b's standby guard is up.
+        child_running(b.id() as i32, "__guard");
+        std::fs::remove_file(&program).unwrap();
+        signal(a.id() as i32, libc::SIGTERM);
+        let _ = a.wait();
+        let status = wait_for("b ends", Duration::from_secs(10), || b.try_wait().unwrap());
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(b.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(127), "{name}: {stderr}");
+        let line = format!(
+            "baton: error: cannot start {}: No such file",
+            program.display()
+        );
+        assert!(stderr.contains(&line), "{name}: {stderr}");
+    }
 }
