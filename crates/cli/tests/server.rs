@@ -878,6 +878,185 @@ fn malformed_and_oversized_requests_are_refused() {
     assert!(common::alive(server.pid() as u64));
 }
 
+/// Malformed HTTP/2 frames after a valid preface end that connection with an error, never the
+/// server; gRPC messages that are not the protobuf they claim to be, and keys over the request
+/// limit, get an error status; afterwards every write made before is still there.
+#[test]
+fn malformed_frames_messages_and_oversized_keys_get_errors() {
+    let dir = scratch("server-frames");
+    let server = ServerProcess::start("127.0.0.1:0", &dir);
+    assert_eq!(ctl(&server, &["put", "before", "kept"]), "OK\n");
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    // A frame: 24-bit length, type, flags, 31-bit stream id, payload.
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
+        let mut bytes = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        bytes.extend([kind, flags]);
+        bytes.extend(stream.to_be_bytes());
+        bytes.extend(payload);
+        bytes
+    };
+    let settings = frame(4, 0, 0, &[]);
+    let mut oversized_header = (1u32 << 23).to_be_bytes()[1..].to_vec();
+    oversized_header.extend([0, 0, 0, 0, 0, 1]);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        // A DATA frame claiming 8 MiB, over the 16 KiB frame size the server allows.
+        ("a frame over the size limit", oversized_header),
+        // HEADERS whose block is not valid HPACK (an index past every table).
+        (
+            "undecodable headers",
+            frame(1, 0x4 | 0x1, 1, &[0xff, 0xff, 0xff, 0xff, 0x7f]),
+        ),
+        // DATA on stream 0, which only carries connection frames.
+        ("data on the connection's stream", frame(0, 0, 0, b"xyz")),
+        // SETTINGS with a length that is not a multiple of 6.
+        ("settings of a bad length", frame(4, 0, 0, &[0, 4, 0])),
+        // WINDOW_UPDATE that overflows the window.
+        (
+            "a window past 2^31",
+            frame(8, 0, 0, &0x7fff_ffffu32.to_be_bytes()),
+        ),
+    ];
+    for (what, bad) in cases {
+        let mut stream = std::net::TcpStream::connect(&server.addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        stream.write_all(PREFACE).unwrap();
+        stream.write_all(&settings).unwrap();
+        stream.write_all(&bad).unwrap();
+        // The server answers with its own frames and ends the connection (GOAWAY, then close)
+        // rather than waiting on it: read to the end.
+        let mut answer = Vec::new();
+        let read = std::io::Read::read_to_end(&mut stream, &mut answer);
+        assert!(
+            read.is_ok() || answer.len() >= 9,
+            "{what}: the connection was neither answered nor closed: {read:?}"
+        );
+        assert!(contains_goaway(&answer), "{what}: no GOAWAY in {answer:?}");
+        assert!(
+            common::alive(server.pid() as u64),
+            "{what}: the server died"
+        );
+    }
+    // A gRPC call whose message is not the request's protobuf.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let statuses = runtime.block_on(async {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut statuses = Vec::new();
+        for (path, body) in [
+            // Field 1 (key), length-delimited, with a length far past the message's end.
+            (
+                "/etcdserverpb.KV/Put",
+                vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f],
+            ),
+            // A varint that never ends.
+            ("/etcdserverpb.KV/Range", vec![0x08; 11]),
+            // Field 0, which protobuf forbids.
+            ("/etcdserverpb.Lease/LeaseGrant", vec![0x00, 0x01]),
+            // A method nobody serves.
+            ("/etcdserverpb.KV/Nothing", vec![]),
+        ] {
+            let mut grpc = tonic::client::Grpc::new(channel.clone());
+            grpc.ready().await.unwrap();
+            let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+            let answer: Result<tonic::Response<Vec<u8>>, tonic::Status> =
+                grpc.unary(tonic::Request::new(body), path, RawCodec).await;
+            statuses.push(answer.map(|_| ()).unwrap_err());
+        }
+        statuses
+    });
+    for status in &statuses[..3] {
+        assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+        assert!(status.message().contains("decode"), "{status:?}");
+    }
+    assert_eq!(
+        statuses[3].code(),
+        tonic::Code::Unimplemented,
+        "{:?}",
+        statuses[3]
+    );
+    // Keys over the request limit get etcd's answer, as values do.
+    let refused = with_client(&server, async |client| {
+        client
+            .put(vec![b'k'; 1600 * 1024], "v", None)
+            .await
+            .unwrap_err()
+            .to_string()
+    });
+    assert!(
+        refused.contains("etcdserver: request is too large"),
+        "{refused}"
+    );
+    // Still serving, nothing lost.
+    assert_eq!(
+        ctl(&server, &["get", "before", "--print-value-only"]),
+        "kept\n"
+    );
+    assert_eq!(ctl(&server, &["put", "after", "ok"]), "OK\n");
+    assert!(common::alive(server.pid() as u64));
+}
+
+/// Whether `bytes`, the frames a server sent, hold a GOAWAY frame (type 7).
+fn contains_goaway(mut bytes: &[u8]) -> bool {
+    while bytes.len() >= 9 {
+        let length = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
+        if bytes[3] == 7 {
+            return true;
+        }
+        bytes = &bytes[(9 + length).min(bytes.len())..];
+    }
+    false
+}
+
+/// A gRPC codec that sends and receives bytes as they are: lets a test send a message that is
+/// not valid protobuf.
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        buf: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(buf, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let length = bytes::Buf::remaining(buf);
+        Ok(Some(bytes::Buf::copy_to_bytes(buf, length).to_vec()))
+    }
+}
+
 /// Starts `baton server` expecting it to refuse: returns its one line of stderr (exit 2).
 fn refused(data: &Path, flags: &[&str]) -> String {
     let output = baton()
