@@ -1057,6 +1057,96 @@ impl tonic::codec::Decoder for RawCodec {
     }
 }
 
+/// A server whose stdout's reader is gone, or whose stdout and stderr are both closed, starts
+/// and serves all the same: what it prints is for people, never a reason to stop serving.
+#[test]
+fn a_server_with_broken_or_closed_output_serves() {
+    use std::os::unix::process::CommandExt;
+    // stdout a pipe whose reader is gone: a warning on stderr, then the address there.
+    let dir = scratch("server-broken-stdout");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child = server_command("127.0.0.1:0", &dir, &[])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut lines = Vec::new();
+    let addr = loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "{lines:?}");
+        if let Some(rest) = line.split("serving the etcd v3 API on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+        lines.push(line);
+    };
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("warning: cannot print the listening address on stdout")),
+        "{lines:?}"
+    );
+    with_addr(&addr, async |client| {
+        client.put("k", "v", None).await.unwrap();
+    });
+    signal(child.id() as i32, libc::SIGTERM);
+    assert!(child.wait().unwrap().success());
+    // Both closed: found by its listening socket, it serves, and stops cleanly.
+    let dir = scratch("server-closed-output");
+    let mut command = server_command("127.0.0.1:0", &dir, &[]);
+    // SAFETY: close is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::close(1);
+            libc::close(2);
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let port = wait_for("the server listens", Duration::from_secs(20), || {
+        listening_port(child.id())
+    });
+    with_addr(&format!("127.0.0.1:{port}"), async |client| {
+        client.put("k", "v", None).await.unwrap();
+        let got = client.get("k", None).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), b"v");
+    });
+    signal(child.id() as i32, libc::SIGTERM);
+    assert!(child.wait().unwrap().success());
+}
+
+/// The TCP port process `pid` listens on, from its sockets' inodes in /proc/net/tcp.
+fn listening_port(pid: u32) -> Option<u16> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().to_string();
+            Some(
+                link.strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .collect();
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // local address, state 0A (LISTEN), inode
+        let listening = fields.get(3) == Some(&"0A");
+        let ours = fields
+            .get(9)
+            .is_some_and(|inode| inodes.iter().any(|i| i == inode));
+        if !(listening && ours) {
+            return None;
+        }
+        let port = fields[1].rsplit(':').next()?;
+        u16::from_str_radix(port, 16).ok()
+    })
+}
+
 /// Starts `baton server` expecting it to refuse: returns its one line of stderr (exit 2).
 fn refused(data: &Path, flags: &[&str]) -> String {
     let output = baton()
