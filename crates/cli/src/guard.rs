@@ -381,10 +381,16 @@ pub fn launch(command: &[OsString]) -> ! {
 
 /// Says on stderr that `program` cannot start; returns the exit code a shell would give.
 fn cannot_start(program: &std::ffi::OsStr, error: &std::io::Error) -> i32 {
-    let _ = writeln_stderr(&crate::printable(&format!(
-        "baton: error: cannot start {}: {error}",
-        program.to_string_lossy()
-    )));
+    // The check made before the campaign says why when it can (a `#!` interpreter gone, say,
+    // where exec only says "No such file").
+    let line = match crate::program::check(program) {
+        Err(crate::UsageError(why)) => format!("baton: error: {why}"),
+        Ok(()) => format!(
+            "baton: error: cannot start {}: {error}",
+            program.to_string_lossy()
+        ),
+    };
+    let _ = writeln_stderr(&crate::printable(&line));
     // 126/127 as the shell reports "cannot execute" / "command not found".
     if error.kind() == std::io::ErrorKind::NotFound {
         127

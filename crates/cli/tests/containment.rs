@@ -1202,7 +1202,6 @@ fn child_running(parent: i32, word: &str) -> i32 {
 /// by the guard itself (in the cgroup, or with no cgroup) and by a PID namespace's init.
 #[test]
 fn a_program_gone_by_the_election_ends_the_term_with_127_in_every_mode() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = scratch("gone-by-election");
     for (name, extra) in [
         ("direct", &[][..]),
@@ -1210,34 +1209,99 @@ fn a_program_gone_by_the_election_ends_the_term_with_127_in_every_mode() {
         ("pidns", &["--pid-namespace", "on"][..]),
     ] {
         let election = unique("gone-by-election");
-        let mut a = start_leader(&election, &dir);
+        let a = start_leader(&election, &dir);
         let program = dir.join(format!("{name}.sh"));
-        std::fs::write(&program, "#!/bin/sh\nexit 0\n").unwrap();
-        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let mut b = baton()
-            .args(["run", "--backend", &url(), "--election", &election])
-            .args(["--ttl", "2s", "--id", "b"])
-            .args(extra)
-            .arg("--")
-            .arg(&program)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Past the check before the campaign: b's standby guard is up.
-        child_running(b.id() as i32, "__guard");
+        write_executable(&program, "#!/bin/sh\nexit 0\n");
+        let b = waiting_candidate(&election, &program, extra, None);
         std::fs::remove_file(&program).unwrap();
-        signal(a.id() as i32, libc::SIGTERM);
-        let _ = a.wait();
-        let status = wait_for("b ends", Duration::from_secs(10), || b.try_wait().unwrap());
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(b.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-        assert_eq!(status.code(), Some(127), "{name}: {stderr}");
+        let (code, stderr) = hand_over(a, b);
+        assert_eq!(code, Some(127), "{name}: {stderr}");
         let line = format!(
-            "baton: error: cannot start {}: No such file",
+            "baton: error: cannot start {}: no such file",
             program.display()
         );
         assert!(stderr.contains(&line), "{name}: {stderr}");
     }
+}
+
+/// The program is looked up at the election, as a shell would then: one installed earlier in
+/// `PATH` while the candidate waits in line (an upgrade) is the one that runs, not the one found
+/// when the campaign began. A script's `#!` interpreter removed meanwhile is named in the error.
+#[test]
+fn the_program_is_looked_up_at_the_election() {
+    let dir = scratch("path-at-election");
+    let (new, old) = (dir.join("new"), dir.join("old"));
+    std::fs::create_dir_all(&new).unwrap();
+    std::fs::create_dir_all(&old).unwrap();
+    let ran = dir.join("ran");
+    let tool = |says: &str| format!("#!/bin/sh\necho {says} > {}\n", ran.display());
+    write_executable(&old.join("tool"), &tool("old"));
+    let path = format!(
+        "{}:{}:{}",
+        new.display(),
+        old.display(),
+        std::env::var("PATH").unwrap()
+    );
+    let election = unique("path-at-election");
+    let a = start_leader(&election, &dir);
+    let b = waiting_candidate(&election, Path::new("tool"), &[], Some(&path));
+    write_executable(&new.join("tool"), &tool("new"));
+    let (code, stderr) = hand_over(a, b);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "new\n");
+    // The interpreter goes while b waits.
+    let shell = dir.join("myshell");
+    std::fs::copy("/bin/sh", &shell).unwrap();
+    let script = dir.join("job");
+    write_executable(&script, &format!("#!{}\nexit 0\n", shell.display()));
+    let election = unique("path-at-election");
+    let a = start_leader(&election, &dir);
+    let b = waiting_candidate(&election, &script, &[], None);
+    std::fs::remove_file(&shell).unwrap();
+    let (code, stderr) = hand_over(a, b);
+    assert_eq!(code, Some(127), "{stderr}");
+    let line = format!(
+        "baton: error: cannot start {}: its #! interpreter {}: no such file",
+        script.display(),
+        shell.display()
+    );
+    assert!(stderr.contains(&line), "{stderr}");
+}
+
+/// `b`, a `baton run` of `program` with `extra` flags (and `PATH`, if given) waiting in line
+/// behind `election`'s leader, once its standby guard is up (past the check of the program).
+fn waiting_candidate(election: &str, program: &Path, extra: &[&str], path: Option<&str>) -> Child {
+    let mut command = baton();
+    command
+        .args(["run", "--backend", &url(), "--election", election])
+        .args(["--ttl", "2s", "--id", "b"])
+        .args(extra)
+        .arg("--")
+        .arg(program)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(path) = path {
+        command.env("PATH", path);
+    }
+    let b = command.spawn().unwrap();
+    child_running(b.id() as i32, "__guard");
+    b
+}
+
+/// SIGTERM to the leader `a`: `b` is elected; returns b's exit code and stderr once it ends.
+fn hand_over(mut a: Child, mut b: Child) -> (Option<i32>, String) {
+    signal(a.id() as i32, libc::SIGTERM);
+    let _ = a.wait();
+    let status = wait_for("b ends", Duration::from_secs(10), || b.try_wait().unwrap());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(b.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    (status.code(), stderr)
+}
+
+/// Writes an executable file.
+fn write_executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
