@@ -94,10 +94,29 @@ fn install(signal: libc::c_int, handler: extern "C" fn(libc::c_int)) {
 }
 
 /// Gives each of `signals` a handler that does nothing: unlike `SIG_IGN`, a handler is reset
-/// by exec, so what we start still gets the default disposition.
+/// by exec, so what we start still gets the default disposition. A signal this process was
+/// started with ignored (`nohup`'s SIGHUP, the SIGINT and SIGQUIT of a script's background job)
+/// stays ignored, so that what we start inherits that as it would without us. Not SIGPIPE:
+/// Rust ignores it in every process it starts, so its being ignored says nothing of our caller
+/// (and CMD gets its default, as from any Rust program).
 pub fn ignore_signals(signals: impl IntoIterator<Item = libc::c_int>) {
     for signal in signals {
-        install(signal, ignore);
+        if !inherited_ignore(signal) {
+            install(signal, ignore);
+        }
+    }
+}
+
+/// Whether `signal` is ignored (`SIG_IGN`) now and that can only have come from our caller.
+pub fn inherited_ignore(signal: libc::c_int) -> bool {
+    if signal == libc::SIGPIPE {
+        return false;
+    }
+    // SAFETY: a sigaction query into a value we own.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
     }
 }
 
@@ -116,12 +135,11 @@ pub fn main(command: &[OsString]) -> ! {
     std::mem::forget(wake_write);
     install(PARENT_DEATH_SIGNAL, wake);
     install(libc::SIGCHLD, wake);
-    for signal in IGNORED
-        .into_iter()
-        .chain(libc::SIGRTMIN()..=libc::SIGRTMAX())
-    {
-        install(signal, ignore);
-    }
+    ignore_signals(
+        IGNORED
+            .into_iter()
+            .chain(libc::SIGRTMIN()..=libc::SIGRTMAX()),
+    );
     // SAFETY: prctl has no memory-safety preconditions.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL as libc::c_ulong);

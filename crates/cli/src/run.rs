@@ -108,10 +108,13 @@ const MIN_KILL_WAIT: Duration = Duration::from_secs(1);
 /// Signals that matter to the supervisor.
 pub(crate) struct Signals {
     term: Signal,
-    int: Signal,
+    /// `None` when we were started with SIGINT ignored (a script's background job): it stays
+    /// ignored, for us and for CMD.
+    int: Option<Signal>,
     /// A closed terminal or SSH session: stop and resign like SIGTERM, rather than die and make
-    /// the successor wait out the TTL.
-    hup: Signal,
+    /// the successor wait out the TTL. `None` under `nohup` (started with SIGHUP ignored): the
+    /// job outlives the terminal, as `nohup` asks.
+    hup: Option<Signal>,
 }
 
 /// Signals meant for the job, or stray, whose default would end the supervisor without
@@ -134,19 +137,36 @@ pub(crate) const STRAY: [libc::c_int; 9] = [
 impl Signals {
     pub(crate) fn install() -> anyhow::Result<Signals> {
         guard::ignore_signals(STRAY.into_iter().chain(libc::SIGRTMIN()..=libc::SIGRTMAX()));
+        let unless_ignored = |number: libc::c_int, kind: SignalKind, name: &str| {
+            if guard::inherited_ignore(number) {
+                return Ok(None);
+            }
+            signal(kind)
+                .map(Some)
+                .with_context(|| format!("installing a {name} handler"))
+        };
         Ok(Signals {
+            // Always: it is how a supervisor (systemd, Kubernetes, a script) stops the job.
             term: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
-            int: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,
-            hup: signal(SignalKind::hangup()).context("installing a SIGHUP handler")?,
+            int: unless_ignored(libc::SIGINT, SignalKind::interrupt(), "SIGINT")?,
+            hup: unless_ignored(libc::SIGHUP, SignalKind::hangup(), "SIGHUP")?,
         })
     }
 
     /// Waits for SIGTERM, SIGINT or SIGHUP; returns the signal number.
     pub(crate) async fn stop(&mut self) -> i32 {
+        async fn maybe(signal: &mut Option<Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
         tokio::select! {
             _ = self.term.recv() => libc::SIGTERM,
-            _ = self.int.recv() => libc::SIGINT,
-            _ = self.hup.recv() => libc::SIGHUP,
+            () = maybe(&mut self.int) => libc::SIGINT,
+            () = maybe(&mut self.hup) => libc::SIGHUP,
         }
     }
 

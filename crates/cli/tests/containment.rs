@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How the command gets its long-lived process out of reach of a process-group kill. Every
@@ -1304,4 +1304,68 @@ fn write_executable(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, text).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Signals `baton run` was started with ignored stay ignored, for it and for CMD, as they would
+/// be through a plain exec: under `nohup` (SIGHUP) or as a script's background job (SIGINT) a
+/// closed terminal does not end the job. SIGTERM still stops it. Started normally, CMD ignores
+/// neither, and nothing else (not even SIGPIPE, which Rust ignores in baton itself).
+#[test]
+fn signals_ignored_at_start_stay_ignored_for_baton_run_and_the_command() {
+    let dir = scratch("nohup");
+    let baton_path = baton().get_program().to_owned();
+    // What this process ignores, inherited by everything it starts, but SIGPIPE (which Rust
+    // ignores here and resets in what it starts).
+    let sig_ign = |status: &str| {
+        let hex = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))?
+            .trim()
+            .to_string();
+        u64::from_str_radix(&hex, 16).ok()
+    };
+    let pipe_bit = 1u64 << (libc::SIGPIPE - 1);
+    let inherited =
+        sig_ign(&std::fs::read_to_string("/proc/self/status").unwrap()).unwrap() & !pipe_bit;
+    for (trap, ignored) in [("trap '' HUP INT;", 0b11u64), ("", 0)] {
+        let election = unique("nohup");
+        let mask_file = dir.join("mask");
+        let _ = std::fs::remove_file(&mask_file);
+        let script = format!(
+            "grep SigIgn /proc/self/status > {}; exec sleep 600",
+            mask_file.display()
+        );
+        let stderr = std::fs::File::create(dir.join("a.stderr")).unwrap();
+        let mut a = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{trap} exec {} run --backend {} --election {election} --ttl 2s -- sh -c '{script}'",
+                baton_path.to_string_lossy(),
+                url()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let mask = wait_for("the command's mask", Duration::from_secs(5), || {
+            sig_ign(&std::fs::read_to_string(&mask_file).ok()?)
+        });
+        assert_eq!(
+            mask,
+            inherited | ignored,
+            "{trap:?}: SigIgn {mask:x}, this test's {inherited:x}"
+        );
+        if ignored != 0 {
+            for number in [libc::SIGHUP, libc::SIGINT] {
+                signal(a.id() as i32, number);
+                std::thread::sleep(Duration::from_millis(300));
+                let text = std::fs::read_to_string(dir.join("a.stderr")).unwrap();
+                assert!(a.try_wait().unwrap().is_none(), "signal {number}: {text}");
+            }
+        }
+        signal(a.id() as i32, libc::SIGTERM);
+        let status = wait_for("a exits", Duration::from_secs(5), || a.try_wait().unwrap());
+        assert_eq!(status.code(), Some(143), "{trap:?}");
+    }
 }
