@@ -107,6 +107,52 @@ pub fn ignore_signals(signals: impl IntoIterator<Item = libc::c_int>) {
     }
 }
 
+/// The environment variable that tells the guard (and its launcher) which of the signals baton
+/// must handle itself were ignored when `baton run` started: CMD gets them ignored.
+pub const KEEP_IGNORED_ENV: &str = "BATON_KEEP_IGNORED";
+
+/// The signals baton handles whatever its caller did (it waits for its children; the guard's
+/// parent-death signal), which CMD must still inherit ignored if they were.
+const HANDLED_ANYWAY: [libc::c_int; 2] = [libc::SIGCHLD, PARENT_DEATH_SIGNAL];
+
+static KEPT_IGNORED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Records which of [`HANDLED_ANYWAY`] this process was started with ignored; call before
+/// installing any handler.
+pub fn note_inherited_ignores() {
+    let _ = KEPT_IGNORED.set(
+        HANDLED_ANYWAY
+            .into_iter()
+            .filter(|&signal| inherited_ignore(signal))
+            .map(|signal| signal.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+}
+
+/// The value of [`KEEP_IGNORED_ENV`] for our guard.
+pub fn kept_ignored() -> String {
+    KEPT_IGNORED.get().cloned().unwrap_or_default()
+}
+
+/// The signals [`KEEP_IGNORED_ENV`] names (at most those of [`HANDLED_ANYWAY`]).
+fn keep_ignored_from_env() -> Vec<libc::c_int> {
+    std::env::var(KEEP_IGNORED_ENV)
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|n| n.parse().ok())
+        .filter(|n| HANDLED_ANYWAY.contains(n))
+        .collect()
+}
+
+/// Sets each of `signals` to `SIG_IGN`: an exec keeps that.
+fn set_ignored(signals: &[libc::c_int]) {
+    for &signal in signals {
+        // SAFETY: signal with SIG_IGN; async-signal-safe (used between fork and exec too).
+        unsafe { libc::signal(signal, libc::SIG_IGN) };
+    }
+}
+
 /// Whether `signal` is ignored (`SIG_IGN`) now and that can only have come from our caller.
 pub fn inherited_ignore(signal: libc::c_int) -> bool {
     if signal == libc::SIGPIPE {
@@ -188,7 +234,13 @@ pub fn main(command: &[OsString]) -> ! {
     // token: moving a process into a cgroup can cost a full RCU grace period (over 10 ms
     // here), which must not be on the handoff's critical path.
     let mut direct = guard.cage.direct_start().and_then(|cgroup| {
-        spawn::Prepared::new(command, cgroup, &["BATON_SUPERVISOR_PID", CAGE_ENV]).ok()
+        spawn::Prepared::new(
+            command,
+            cgroup,
+            &["BATON_SUPERVISOR_PID", CAGE_ENV, KEEP_IGNORED_ENV],
+            &keep_ignored_from_env(),
+        )
+        .ok()
     });
     let launcher = if direct.is_some() {
         Launcher { started: None }
@@ -384,13 +436,17 @@ pub fn launch(command: &[OsString]) -> ! {
     let Some((program, args)) = command.split_first() else {
         std::process::exit(2);
     };
+    let keep = keep_ignored_from_env();
     let mut cmd = Command::new(program);
-    cmd.args(args).env("BATON_TOKEN", token.to_string());
+    cmd.args(args)
+        .env("BATON_TOKEN", token.to_string())
+        .env_remove(KEEP_IGNORED_ENV);
     if init {
         // SAFETY: fcntl on our own descriptor: CMD must not inherit the socket.
         unsafe { libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
-        init_main(cmd, program);
+        init_main(cmd, program, keep);
     }
+    set_ignored(&keep);
     // SAFETY: closing our copy of the socket, which CMD must not inherit.
     unsafe { libc::close(CONTROL_FD) };
     let error = cmd.exec();
@@ -435,7 +491,7 @@ fn guard_gone() -> bool {
 /// The PID namespace's init: starts CMD, reaps everything, reports CMD's exit to the guard
 /// if processes it started live on, and exits (with CMD's code) when the namespace is empty. Signals without a handler never reach a namespace's
 /// init (but SIGKILL from the guard), so it needs none.
-fn init_main(mut cmd: Command, program: &std::ffi::OsStr) -> ! {
+fn init_main(mut cmd: Command, program: &std::ffi::OsStr, keep: Vec<libc::c_int>) -> ! {
     let relay = |code: i32| {
         let line = format!("exit {code}\n");
         // SAFETY: send from a buffer we own; MSG_NOSIGNAL: a dead guard is no SIGPIPE.
@@ -448,12 +504,16 @@ fn init_main(mut cmd: Command, program: &std::ffi::OsStr) -> ! {
             )
         };
     };
-    // A closure, even one that does nothing, makes std fork and call execvp, as the other
-    // ways of starting CMD do, not posix_spawnp: only execvp runs a script without a `#!`
-    // line with /bin/sh (posix_spawnp fails it with "Exec format error").
-    // SAFETY: the closure makes no call at all.
+    // A closure makes std fork and call execvp, as the other ways of starting CMD do, not
+    // posix_spawnp: only execvp runs a script without a `#!` line with /bin/sh (posix_spawnp
+    // fails it with "Exec format error"). It also gives CMD the signals to keep ignored (not
+    // us: as the namespace's init we reap, so SIGCHLD must not be ignored here).
+    // SAFETY: the closure only calls `signal`, which is async-signal-safe.
     unsafe {
-        cmd.pre_exec(|| Ok(()));
+        cmd.pre_exec(move || {
+            set_ignored(&keep);
+            Ok(())
+        });
     }
     let cmd_pid = match cmd.spawn() {
         Ok(child) => child.id() as i32,
@@ -524,12 +584,15 @@ fn start_directly(command: &[OsString], cage: &Cage, token: u64) -> i32 {
         .args(&command[1..])
         .env("BATON_TOKEN", token.to_string())
         .env_remove("BATON_SUPERVISOR_PID")
-        .env_remove(CAGE_ENV);
+        .env_remove(CAGE_ENV)
+        .env_remove(KEEP_IGNORED_ENV);
     let mut join = join;
+    let keep = keep_ignored_from_env();
     // SAFETY: the closure only makes async-signal-safe calls (open, write, close, prctl).
     unsafe {
         start.pre_exec(move || {
             join()?;
+            set_ignored(&keep);
             // CMD dies with us, as a launcher would.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
                 return Err(std::io::Error::last_os_error());

@@ -136,6 +136,12 @@ pub(crate) const STRAY: [libc::c_int; 9] = [
 
 impl Signals {
     pub(crate) fn install() -> anyhow::Result<Signals> {
+        // Before anything replaces them: what our caller ignored, CMD ignores too.
+        guard::note_inherited_ignores();
+        // We wait for our children: with SIGCHLD ignored the kernel would reap them behind our
+        // back (CMD still gets it ignored, through the guard).
+        // SAFETY: signal with SIG_DFL has no preconditions.
+        unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
         guard::ignore_signals(STRAY.into_iter().chain(libc::SIGRTMIN()..=libc::SIGRTMAX()));
         let unless_ignored = |number: libc::c_int, kind: SignalKind, name: &str| {
             if guard::inherited_ignore(number) {
@@ -308,8 +314,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .unwrap_or_default()
         ))
     })?;
-    cage.use_pid_namespace(args.pid_namespace)
-        .map_err(|why| UsageError(format!("--pid-namespace on: {why}")))?;
+    if let Err(why) = cage.use_pid_namespace(args.pid_namespace) {
+        // Refused: the cgroup just made goes too.
+        cage.remove();
+        return Err(UsageError(format!("--pid-namespace on: {why}")).into());
+    }
     let cage = Arc::new(cage);
     let _cage_dir = CageGuard(cage.clone());
     let terms = serve::Terms::new(&name);
@@ -829,6 +838,7 @@ impl Standby {
             .env("BATON_ID", id)
             .env("BATON_SUPERVISOR_PID", std::process::id().to_string())
             .env(CAGE_ENV, cage.to_env())
+            .env(guard::KEEP_IGNORED_ENV, guard::kept_ignored())
             // The guard and CMD stay in our process group: started from a terminal they are
             // in its foreground group too, so a command that reads the terminal is not stopped
             // by SIGTTIN (containment does not rely on process groups).

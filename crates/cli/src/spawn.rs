@@ -44,6 +44,8 @@ pub struct Prepared {
     cgroup: Option<OwnedFd>,
     /// The signals the guard handles, which the child sets back to their defaults.
     handled: libc::sigset_t,
+    /// Of those, the ones `baton run` was started with ignored: the child ignores them.
+    keep_ignored: libc::sigset_t,
     stack: Stack,
 }
 
@@ -56,6 +58,7 @@ struct ChildArgs {
     sh_argv: *mut *const libc::c_char,
     envp: *const *const libc::c_char,
     handled: libc::sigset_t,
+    keep_ignored: libc::sigset_t,
     mask: libc::sigset_t,
     guard: libc::pid_t,
     /// The `errno` of the last exec tried; stays 0 if one succeeded.
@@ -69,6 +72,7 @@ impl Prepared {
         command: &[OsString],
         cgroup: Option<&Path>,
         drop_env: &[&str],
+        keep_ignored: &[libc::c_int],
     ) -> std::io::Result<Prepared> {
         let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
         let program = command.first().ok_or_else(|| invalid("no command"))?;
@@ -114,6 +118,7 @@ impl Prepared {
             env,
             cgroup,
             handled: handled_signals(),
+            keep_ignored: signal_set(keep_ignored),
             stack: Stack::new()?,
         };
         if prepared.cgroup.is_some() && !prepared.probe() {
@@ -139,6 +144,7 @@ impl Prepared {
                 sh_argv: std::ptr::null_mut(),
                 envp: std::ptr::null(),
                 handled: std::mem::zeroed(),
+                keep_ignored: std::mem::zeroed(),
                 mask: std::mem::zeroed(),
                 guard: 0,
                 error: AtomicI32::new(PROBE),
@@ -192,6 +198,7 @@ impl Prepared {
                 sh_argv: sh_argv.as_mut_ptr(),
                 envp: envp.as_ptr(),
                 handled: self.handled,
+                keep_ignored: self.keep_ignored,
                 mask,
                 guard: libc::getpid(),
                 error: AtomicI32::new(0),
@@ -218,6 +225,19 @@ impl Prepared {
             },
             Err(_) => Err(None),
         }
+    }
+}
+
+/// A signal set of `signals`.
+fn signal_set(signals: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: sigset operations on a value we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &signal in signals {
+            libc::sigaddset(&mut set, signal);
+        }
+        set
     }
 }
 
@@ -395,9 +415,14 @@ extern "C" fn child_main(args: *mut ChildArgs) -> libc::c_int {
         // them (ignored signals stay ignored, as through exec).
         let mut default: libc::sigaction = std::mem::zeroed();
         default.sa_sigaction = libc::SIG_DFL;
+        let mut ignored: libc::sigaction = std::mem::zeroed();
+        ignored.sa_sigaction = libc::SIG_IGN;
         for signal in 1..libc::SIGRTMAX() + 1 {
             if libc::sigismember(&args.handled, signal) == 1 {
-                libc::sigaction(signal, &default, std::ptr::null_mut());
+                // Those `baton run` was started with ignored, CMD inherits ignored.
+                let keep = libc::sigismember(&args.keep_ignored, signal) == 1;
+                let action = if keep { &ignored } else { &default };
+                libc::sigaction(signal, action, std::ptr::null_mut());
             }
         }
         // CMD dies with the guard, as a launcher would; if the guard is already gone, so are we.
