@@ -1412,3 +1412,41 @@ fn signals_ignored_at_start_stay_ignored_for_baton_run_and_the_command() {
         assert_eq!(status.code(), Some(143), "{trap:?} {flags}: {text}");
     }
 }
+
+/// Started with SIGCHLD ignored (the kernel would reap its children behind its back), `baton
+/// run` still waits for its guard: a guard killed with SIGKILL ends the term at once, with the
+/// guard's real status, and no false word of processes surviving SIGKILL.
+#[test]
+fn a_killed_guard_ends_the_term_at_once_when_sigchld_was_ignored() {
+    let dir = scratch("sigchld-ignored");
+    let mut command = baton();
+    command
+        .args(["run", "--backend", &url(), "--election", &unique("sigchld")])
+        .args(["--ttl", "2s", "--", "sleep", "600"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("a.stderr")).unwrap());
+    // SAFETY: `signal` is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut a = command.spawn().unwrap();
+    wait_for("a leads", Duration::from_secs(5), || {
+        std::fs::read_to_string(dir.join("a.stderr"))
+            .unwrap_or_default()
+            .contains("command started")
+            .then_some(())
+    });
+    let killed = Instant::now();
+    signal(guard_of(a.id()), libc::SIGKILL);
+    let status = wait_for("a exits", Duration::from_secs(10), || a.try_wait().unwrap());
+    let took = killed.elapsed();
+    let stderr = std::fs::read_to_string(dir.join("a.stderr")).unwrap();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(took < Duration::from_secs(2), "{took:?}: {stderr}");
+    assert!(stderr.contains("guard died (status 137)"), "{stderr}");
+    assert!(!stderr.contains("survived SIGKILL"), "{stderr}");
+}
