@@ -155,14 +155,16 @@ fn set_ignored(signals: &[libc::c_int]) {
 
 /// Whether `signal` is ignored (`SIG_IGN`) now and that can only have come from our caller.
 pub fn inherited_ignore(signal: libc::c_int) -> bool {
-    if signal == libc::SIGPIPE {
-        return false;
-    }
+    signal != libc::SIGPIPE && disposition(signal) == Some(libc::SIG_IGN)
+}
+
+/// What `signal` does now: `SIG_DFL`, `SIG_IGN` or a handler's address; `None` if the
+/// kernel will not say (not a signal).
+pub fn disposition(signal: libc::c_int) -> Option<libc::sighandler_t> {
     // SAFETY: a sigaction query into a value we own.
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
-            && old.sa_sigaction == libc::SIG_IGN
+        (libc::sigaction(signal, std::ptr::null(), &mut old) == 0).then_some(old.sa_sigaction)
     }
 }
 

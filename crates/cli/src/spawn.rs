@@ -243,21 +243,13 @@ fn signal_set(signals: &[libc::c_int]) -> libc::sigset_t {
 
 /// The signals this process has a handler for (not the default, not ignored).
 fn handled_signals() -> libc::sigset_t {
-    // SAFETY: sigset operations and sigaction queries on values we own.
-    unsafe {
-        let mut handled: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut handled);
-        for signal in 1..libc::SIGRTMAX() + 1 {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signal, std::ptr::null(), &mut old) == 0
-                && old.sa_sigaction != libc::SIG_DFL
-                && old.sa_sigaction != libc::SIG_IGN
-            {
-                libc::sigaddset(&mut handled, signal);
-            }
-        }
-        handled
-    }
+    let handled: Vec<libc::c_int> = (1..libc::SIGRTMAX() + 1)
+        .filter(|&signal| {
+            crate::guard::disposition(signal)
+                .is_some_and(|action| action != libc::SIG_DFL && action != libc::SIG_IGN)
+        })
+        .collect();
+    signal_set(&handled)
 }
 
 /// The pointers to `strings`, then a null pointer: an argv or envp for `execve`.
