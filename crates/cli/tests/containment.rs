@@ -90,13 +90,18 @@ fn start(election: &str, dir: &Path, name: &str, extra: &[&str], script: &str) -
 /// `a`, running `sleep 600` as the election's leader, once its command has started.
 fn start_leader(election: &str, dir: &Path) -> Child {
     let a = start(election, dir, "a", &[], "exec sleep 600");
-    wait_for("a leads", Duration::from_secs(5), || {
-        std::fs::read_to_string(dir.join("a.stderr"))
+    wait_leading(dir, "a");
+    a
+}
+
+/// Waits until `NAME.stderr` in `dir` says its command started.
+fn wait_leading(dir: &Path, name: &str) {
+    wait_for(&format!("{name} leads"), Duration::from_secs(5), || {
+        std::fs::read_to_string(dir.join(format!("{name}.stderr")))
             .unwrap_or_default()
             .contains("command started")
             .then_some(())
     });
-    a
 }
 
 /// The successor's script: it records, the moment it starts, whether any of `pids` is alive.
@@ -1434,12 +1439,7 @@ fn a_killed_guard_ends_the_term_at_once_when_sigchld_was_ignored() {
         });
     }
     let mut a = command.spawn().unwrap();
-    wait_for("a leads", Duration::from_secs(5), || {
-        std::fs::read_to_string(dir.join("a.stderr"))
-            .unwrap_or_default()
-            .contains("command started")
-            .then_some(())
-    });
+    wait_leading(&dir, "a");
     let killed = Instant::now();
     signal(guard_of(a.id()), libc::SIGKILL);
     let status = wait_for("a exits", Duration::from_secs(10), || a.try_wait().unwrap());

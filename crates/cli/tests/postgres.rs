@@ -296,21 +296,54 @@ fn lock_rows(addr: &str, rows: &str, seconds: u32) -> Child {
         .unwrap()
 }
 
+/// A leader `a` (TTL `ttl`) running its command, and a waiter `b` in line behind it that
+/// records whether a's command still ran when b's started.
+struct Locked {
+    addr: String,
+    dir: Scratch,
+    election: String,
+    leader: Runner,
+    token: u64,
+    command: u64,
+    waiter: Child,
+}
+
+fn leader_and_waiter(name: &str, ttl: &str) -> Locked {
+    let addr = postgres();
+    let dir = scratch(&format!("pg-{name}"));
+    let url = url_at(&addr);
+    let election = unique(name);
+    let leader = Runner::start(&url, &election, ttl, &dir, "a");
+    let token = leader.wait_running(Duration::from_secs(10));
+    let command = leader.child_pid().unwrap();
+    let waiter = successor(&url, &election, &dir, "b", command);
+    std::thread::sleep(Duration::from_millis(500));
+    Locked {
+        addr,
+        dir,
+        election,
+        leader,
+        token,
+        command,
+        waiter,
+    }
+}
+
 /// A leader's session row locked from outside blocks its renewals: its command stops at the
 /// local deadline all the same; the session expires by the database's clock, so the waiter
 /// leads (with a higher token, never beside the old command) while the row is still locked;
 /// the old leader exits 3 once its revoke gets through.
 #[test]
 fn a_leaders_session_row_locked_from_outside_stops_it_at_its_deadline() {
-    let addr = postgres();
-    let dir = scratch("pg-locked-session");
-    let url = url_at(&addr);
-    let election = unique("locked-session");
-    let mut leader = Runner::start(&url, &election, "2s", &dir, "a");
-    let token = leader.wait_running(Duration::from_secs(10));
-    let command = leader.child_pid().unwrap();
-    let mut waiter = successor(&url, &election, &dir, "b", command);
-    std::thread::sleep(Duration::from_millis(500));
+    let Locked {
+        addr,
+        dir,
+        election,
+        mut leader,
+        token,
+        command,
+        mut waiter,
+    } = leader_and_waiter("locked-session", "2s");
     let mut locker = lock_rows(
         &addr,
         &format!(
@@ -345,15 +378,15 @@ fn a_leaders_session_row_locked_from_outside_stops_it_at_its_deadline() {
 /// never beside the old command; the old leader then exits 143.
 #[test]
 fn a_leaders_entry_locked_from_outside_holds_the_handoff_until_it_is_released() {
-    let addr = postgres();
-    let dir = scratch("pg-locked-entry");
-    let url = url_at(&addr);
-    let election = unique("locked-entry");
-    let mut leader = Runner::start(&url, &election, "10s", &dir, "a");
-    let token = leader.wait_running(Duration::from_secs(10));
-    let command = leader.child_pid().unwrap();
-    let mut waiter = successor(&url, &election, &dir, "b", command);
-    std::thread::sleep(Duration::from_millis(500));
+    let Locked {
+        addr,
+        dir,
+        election,
+        mut leader,
+        token,
+        command,
+        mut waiter,
+    } = leader_and_waiter("locked-entry", "10s");
     let mut locker = lock_rows(
         &addr,
         &format!(

@@ -1354,6 +1354,18 @@ fn restarted_within_the_ttl(crash: bool) {
     );
 }
 
+/// A server on `dir/data` whose empty state is saved in `dir/backup` before 100 writes: the
+/// backup to restore under running candidates.
+fn server_with_backup(dir: &Path) -> ServerProcess {
+    let data = dir.join("data");
+    let mut server = ServerProcess::start("127.0.0.1:0", &data);
+    server.stop();
+    copy_dir(&data, &dir.join("backup"));
+    server.restart();
+    put_many(&server, 100);
+    server
+}
+
 /// An old copy of the data directory restored under running `baton run`s (the leader and a
 /// waiter in its own process, both with --requeue): the leases are gone, so the leader's
 /// command stops; the entries each creates again come out below its last one, so both
@@ -1363,11 +1375,7 @@ fn restarted_within_the_ttl(crash: bool) {
 fn a_restored_data_directory_ends_the_leader_and_the_waiter() {
     let dir = scratch("server-restored-run");
     let data = dir.join("data");
-    let mut server = ServerProcess::start("127.0.0.1:0", &data);
-    server.stop();
-    copy_dir(&data, &dir.join("backup"));
-    server.restart();
-    put_many(&server, 100);
+    let mut server = server_with_backup(&dir);
     let url = format!("etcd://{}/restored", server.addr);
     let flags = ["--ttl", "2s", "--requeue"];
     let leader = Runner::start_with(&url, "e", &flags, &dir, "a");
@@ -1703,11 +1711,7 @@ fn baton_shards_across_a_server_restarted_within_the_ttl_keeps_every_owner() {
 fn a_restored_data_directory_ends_baton_shards_without_a_lower_token() {
     let dir = scratch("server-restored-shards");
     let data = dir.join("data");
-    let mut server = ServerProcess::start("127.0.0.1:0", &data);
-    server.stop();
-    copy_dir(&data, &dir.join("backup"));
-    server.restart();
-    put_many(&server, 100);
+    let mut server = server_with_backup(&dir);
     let url = format!("etcd://{}/shards", server.addr);
     let d = dir.display();
     let script = format!("echo $BATON_SHARD $BATON_TOKEN $$ >> {d}/starts; exec sleep 600");
